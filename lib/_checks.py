@@ -1,0 +1,44 @@
+"""Input checks shared by every public `lib` function.
+
+Each helper raises a `TypeError` or `ValueError` whose message names the argument and says what
+was expected, so a student who passes the wrong thing learns what the right thing is instead of
+meeting a broadcasting error three calls deeper.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def require_tensor(name: str, x, *, floating: bool = False) -> torch.Tensor:
+    """`x` must be a torch.Tensor (and, with `floating=True`, of a floating dtype)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if floating and not x.is_floating_point():
+        raise TypeError(
+            f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), got {x.dtype}"
+        )
+    return x
+
+
+def require_rank(name: str, x: torch.Tensor, rank: int, layout: str) -> None:
+    """`x` must have `rank` dimensions; `layout` names them, e.g. "(B, H, T, D)"."""
+    if x.dim() != rank:
+        raise ValueError(f"{name} must have shape {layout} ({rank} dims), got {tuple(x.shape)}")
+
+
+def require_int(name: str, value, *, minimum: int = 0) -> int:
+    """`value` must be a Python int (bools refused) no smaller than `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def require_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], what: str) -> None:
+    """All tensors must agree on `what` ("dtype" or "device")."""
+    values = [getattr(t, what) for t in tensors]
+    if any(v != values[0] for v in values[1:]):
+        listing = ", ".join(f"{n}: {v}" for n, v in zip(names, values))
+        raise ValueError(f"{', '.join(names)} must share one {what}, got {listing}")

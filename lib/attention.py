@@ -1,0 +1,253 @@
+"""Scaled dot-product attention, softmax(QKᵀ/√D + M)V, three ways behind one door.
+
+    attention_ref      materialises the (T, S) score matrix; obviously correct; the truth
+    attention_chunked  online softmax over key blocks, never holds more than a
+                       (block_q, block_k) tile of scores: the FlashAttention idea in PyTorch
+                       (Dao et al. 2022, arXiv 2205.14135, Algorithm 1; Milakov & Gimelshein 2018)
+    attention(..., backend=)  the one entry point: "naive" (= ref), "sdpa"
+                       (torch.nn.functional.scaled_dot_product_attention), "chunked", and any
+                       backend a later module registers (lesson 05 adds "triton")
+
+Glossary: B batch, H query heads, H_kv key/value heads (H_kv divides H: grouped-query
+attention), T query length, S key length (S = T, or the cache length while decoding), D head dim.
+
+Conventions shared by every backend:
+- `mask` is additive (0 = may attend, −inf = may not; see lib.masks), broadcastable to
+  (B, H, T, S). Boolean masks are refused: True means "attend" in SDPA and "mask" elsewhere.
+- `causal=True` means query i (at absolute position S - T + i) sees keys at positions <= its
+  own: bottom-right alignment, so one decode step (T = 1) sees the whole cache.
+- A query row whose keys are all masked has no distribution to take. Plain softmax gives NaN
+  there (0/0); every backend here returns an output row of zeros instead (the rule FlashAttention
+  kernels follow), so a padded position cannot poison later layers or the gradients with NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from lib._checks import require_int, require_rank, require_same, require_tensor
+from lib.masks import causal_mask
+
+__all__ = [
+    "BACKENDS",
+    "attention",
+    "attention_chunked",
+    "attention_ref",
+    "attention_scores",
+    "attention_weights",
+    "register_backend",
+    "safe_softmax",
+]
+
+
+# --------------------------------------------------------------------------- input checks
+def _check_qkv(q, k, v) -> None:
+    """Check q, k, v (v=None: only q and k, for the score and weight functions)."""
+    if v is None:
+        require_tensor("k", k, floating=True)
+        v = k
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        require_tensor(name, x, floating=True)
+    require_rank("q", q, 4, "(B, H, T, D)")
+    require_rank("k", k, 4, "(B, H_kv, S, D)")
+    require_rank("v", v, 4, "(B, H_kv, S, D_v)")
+    require_same(("q", "k", "v"), (q, k, v), "dtype")
+    require_same(("q", "k", "v"), (q, k, v), "device")
+    B, H, T, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"q, k, v must share the batch size B, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"k (B, H_kv, S, D) and v (B, H_kv, S, D_v) must agree on H_kv and S, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[3] != D:
+        raise ValueError(f"q and k must share the head dim D, got q {tuple(q.shape)} (D={D}), k {tuple(k.shape)} (D={k.shape[3]})")
+    H_kv = k.shape[1]
+    if H % H_kv != 0:
+        raise ValueError(f"the query heads H={H} must be a multiple of the key/value heads H_kv={H_kv} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if 0 in q.shape or 0 in k.shape or 0 in v.shape:
+        raise ValueError(f"q, k, v must have no empty dimension, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+
+
+def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """Validate an additive mask and return it as a 4-d tensor in q's dtype."""
+    if mask is None:
+        return None
+    require_tensor("mask", mask)
+    if mask.dtype == torch.bool:
+        raise TypeError("mask must be an additive floating mask (0 = attend, -inf = blocked), got torch.bool; "
+                        "convert with lib.masks.additive_from_bool(keep)")
+    if not mask.is_floating_point():
+        raise TypeError(f"mask must be an additive floating mask (0 = attend, -inf = blocked), got {mask.dtype}")
+    if mask.device != q.device:
+        raise ValueError(f"mask must be on q's device {q.device}, got {mask.device}")
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    if mask.dim() not in (2, 4):
+        raise ValueError(f"mask must have shape (T, S) or broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)}")
+    m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    for size, want, dim_name in zip(m4.shape, (B, H, T, S), "BHTS"):
+        if size not in (1, want):
+            raise ValueError(f"mask must broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)} "
+                             f"(dim {dim_name} is {size}, expected 1 or {want})")
+    if bool(torch.isnan(m4).any()) or bool(torch.isposinf(m4).any()):
+        raise ValueError("mask must hold finite values or -inf (no NaN, no +inf)")
+    return m4.to(q.dtype)
+
+
+def _check_common(q, k, v, mask, causal, scale) -> tuple[torch.Tensor | None, float]:
+    _check_qkv(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"causal attention needs T <= S (queries are the last positions), got T={q.shape[2]}, S={k.shape[2]}")
+    m4 = _check_mask(mask, q, k)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number or None (meaning 1/sqrt(D)), got {scale!r}")
+    return m4, float(scale)
+
+
+def _expand_kv(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention: repeat each of the H_kv heads for its H / H_kv query heads."""
+    groups = q.shape[1] // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)  # (B, H_kv, S, D) -> (B, H, S, D)
+
+
+# --------------------------------------------------------------------------- reference
+def safe_softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax that maps a row of all −inf to all zeros instead of NaN (otherwise identical)."""
+    require_tensor("scores", scores, floating=True)
+    row_max = scores.amax(dim=dim, keepdim=True)
+    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
+    e = torch.exp(scores - row_max)  # exp(-inf) == 0 exactly
+    denom = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(denom == 0, torch.ones_like(denom), denom)
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """The raw scores QKᵀ·scale, (B, H, T, S), before any mask. scale defaults to 1/√D."""
+    _, scale = _check_common(q, k, None, None, False, scale)
+    return (q @ _expand_kv(q, k).transpose(-2, -1)) * scale  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
+
+
+def attention_weights(q, k, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """softmax(QKᵀ·scale + M) as a (B, H, T, S) tensor, with fully masked rows all zero."""
+    m4, scale = _check_common(q, k, None, mask, causal, scale)
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scores = (q.to(work) @ _expand_kv(q, k).to(work).transpose(-2, -1)) * scale  # (B, H, T, S)
+    if m4 is not None:
+        scores = scores + m4.to(work)
+    if causal:
+        T, S = q.shape[2], k.shape[2]
+        scores = scores + causal_mask(T, kv_len=S, device=q.device, dtype=work)
+    return safe_softmax(scores, dim=-1)
+
+
+def attention_ref(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """softmax(QKᵀ·scale + M)V with the whole (T, S) matrix in memory; fp32 math for fp16/bf16.
+
+    q (B, H, T, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v) -> (B, H, T, D_v) in q's dtype.
+    """
+    _check_common(q, k, v, mask, causal, scale)
+    weights = attention_weights(q, k, mask, causal, scale)  # (B, H, T, S)
+    return (weights @ _expand_kv(q, v).to(weights.dtype)).to(q.dtype)  # (B, H, T, S) @ (B, H, S, D_v)
+
+
+# --------------------------------------------------------------------------- chunked
+def attention_chunked(
+    q, k, v, mask=None, causal: bool = False, scale: float | None = None, *, block_q: int = 64, block_k: int = 64
+) -> torch.Tensor:
+    """Attention by online softmax over (block_q, block_k) tiles; equal to `attention_ref`.
+
+    For each block of queries we walk the key blocks keeping, per query row, the running
+    maximum m, the running denominator l and the unnormalised output acc. A new block with a
+    larger maximum rescales what came before by exp(m_old - m_new). Under `causal`, key blocks
+    entirely in a query block's future are skipped: the work a flash kernel saves.
+    """
+    m4, scale = _check_common(q, k, v, mask, causal, scale)
+    require_int("block_q", block_q, minimum=1)
+    require_int("block_k", block_k, minimum=1)
+    B, H, T, D = q.shape
+    S, D_v = k.shape[2], v.shape[3]
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    k_all, v_all = _expand_kv(q, k).to(work), _expand_kv(q, v).to(work)  # (B, H, S, D), (B, H, S, D_v)
+    out = torch.empty(B, H, T, D_v, dtype=q.dtype, device=q.device)
+    offset = S - T  # absolute position of query 0
+
+    for qs in range(0, T, block_q):
+        qe = min(qs + block_q, T)
+        q_blk = q[:, :, qs:qe].to(work) * scale  # (B, H, bq, D)
+        m = torch.full((B, H, qe - qs, 1), float("-inf"), dtype=work, device=q.device)
+        l = torch.zeros(B, H, qe - qs, 1, dtype=work, device=q.device)
+        acc = torch.zeros(B, H, qe - qs, D_v, dtype=work, device=q.device)
+        q_pos = torch.arange(offset + qs, offset + qe, device=q.device).unsqueeze(1)  # (bq, 1)
+        for ks in range(0, S, block_k):
+            if causal and ks > offset + qe - 1:
+                break  # this key block and all later ones are in every query's future
+            ke = min(ks + block_k, S)
+            s = q_blk @ k_all[:, :, ks:ke].transpose(-2, -1)  # (B, H, bq, bk)
+            if m4 is not None:
+                rows = slice(qs, qe) if m4.shape[2] != 1 else slice(None)
+                s = s + m4[:, :, rows, ks:ke].to(work)
+            if causal:
+                k_pos = torch.arange(ks, ke, device=q.device).unsqueeze(0)  # (1, bk)
+                s = s.masked_fill(k_pos > q_pos, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
+            p = torch.exp(s - m_safe)  # (B, H, bq, bk)
+            correction = torch.exp(m - m_safe)  # exp(-inf) = 0 on the first visible block
+            l = l * correction + p.sum(dim=-1, keepdim=True)
+            acc = acc * correction + p @ v_all[:, :, ks:ke]  # (B, H, bq, bk) @ (B, H, bk, D_v)
+            m = m_new
+        out[:, :, qs:qe] = (acc / torch.where(l == 0, torch.ones_like(l), l)).to(q.dtype)
+    return out
+
+
+# --------------------------------------------------------------------------- SDPA and dispatch
+def _attention_sdpa(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    m4, scale = _check_common(q, k, v, mask, causal, scale)
+    T, S = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    k, v = (_expand_kv(q, k), _expand_kv(q, v)) if gqa else (k, v)
+    if m4 is None and (not causal or T == S):
+        # SDPA's is_causal is top-left aligned, which equals ours only when T == S.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    full = m4 if m4 is not None else torch.zeros(1, 1, 1, 1, dtype=q.dtype, device=q.device)
+    if causal:
+        full = full + causal_mask(T, kv_len=S, device=q.device, dtype=q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
+    dead_rows = torch.isneginf(full).all(dim=-1, keepdim=True)  # (.., T, 1): no key visible
+    return out.masked_fill(dead_rows, 0.0) if bool(dead_rows.any()) else out
+
+
+Backend = Callable[..., torch.Tensor]
+BACKENDS: dict[str, Backend] = {
+    "naive": attention_ref,
+    "sdpa": _attention_sdpa,
+    "chunked": attention_chunked,
+}
+
+
+def register_backend(name: str, fn: Backend) -> None:
+    """Add a backend to `attention` (lesson 05 registers its Triton kernel this way)."""
+    if not isinstance(name, str) or not name or name == "auto":
+        raise ValueError(f"name must be a non-empty string other than 'auto', got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    BACKENDS[name] = fn
+
+
+def attention(q, k, v, mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto"):
+    """softmax(QKᵀ·scale + M)V through the chosen backend; "auto" picks PyTorch's SDPA.
+
+    q (B, H, T, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v) -> (B, H, T, D_v).
+    """
+    if backend == "auto":
+        backend = "sdpa"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
+    return BACKENDS[backend](q, k, v, mask=mask, causal=causal, scale=scale)

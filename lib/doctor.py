@@ -1,0 +1,109 @@
+"""Capability check: what this machine has, and what each lesson will do on it.
+
+    python -m lib.doctor
+
+Every lesson opens by calling `report()`, so a student knows before running anything whether
+kernels will be compiled for a GPU or interpreted on the CPU, and which figures are CPU timings.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from lib.course import LESSONS
+
+__all__ = ["Capabilities", "capabilities", "report", "triton_mode"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    python: str
+    torch: str
+    numpy: str
+    triton: str | None
+    cpu_cores: int
+    torch_threads: int
+    cuda: str | None  # device name and compute capability, or None
+    cuda_memory_gib: float | None
+    mps: bool
+    triton_mode: str  # "compiled", "interpreter", "unavailable"
+
+    @property
+    def gpu(self) -> bool:
+        return self.cuda is not None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # not installed, or broken: the report says so instead of failing
+        return None
+
+
+def triton_mode() -> str:
+    """"compiled" on a CUDA GPU, "interpreter" where TRITON_INTERPRET=1 runs kernels on the CPU
+    (the lessons set it themselves when there is no GPU), "unavailable" without triton."""
+    if _version("triton") is None:
+        return "unavailable"
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "compiled"
+    return "interpreter"
+
+
+def capabilities() -> Capabilities:
+    cuda = mem = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        cuda = f"{props.name} (compute capability {props.major}.{props.minor})"
+        mem = round(props.total_memory / 2**30, 1)
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    return Capabilities(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        numpy=_version("numpy") or "missing",
+        triton=_version("triton"),
+        cpu_cores=os.cpu_count() or 1,
+        torch_threads=torch.get_num_threads(),
+        cuda=cuda,
+        cuda_memory_gib=mem,
+        mps=mps,
+        triton_mode=triton_mode(),
+    )
+
+
+def report(caps: Capabilities | None = None, file=None) -> Capabilities:
+    """Print what this machine has and what each lesson will do here; returns the facts."""
+    caps = caps or capabilities()
+    out = file or sys.stdout
+    gpu = f"{caps.cuda}, {caps.cuda_memory_gib} GiB" if caps.cuda else "none (CPU only)"
+    triton = {
+        "compiled": "kernels compile for the GPU",
+        "interpreter": "kernels run in the interpreter on the CPU (TRITON_INTERPRET=1): correct but slow, small sizes",
+        "unavailable": "not installed: the Triton parts of lesson 05 are skipped",
+    }[caps.triton_mode]
+    lines = [
+        "One Mask capability check",
+        f"  python {caps.python} | torch {caps.torch} | numpy {caps.numpy} | triton {caps.triton or 'missing'}",
+        f"  CPU: {caps.cpu_cores} cores, torch uses {caps.torch_threads} threads",
+        f"  CUDA GPU: {gpu}",
+        f"  Apple MPS: {'available (the lessons still use the CPU)' if caps.mps else 'no'}",
+        f"  Triton: {triton}",
+        "What each lesson does here:",
+    ]
+    for lesson in LESSONS:
+        does = lesson.gpu if caps.gpu else lesson.cpu
+        if not caps.gpu and lesson.gpu != "nothing needed":
+            does += f"; a GPU adds: {lesson.gpu}"
+        status = "" if lesson.landed() else " (not written yet)"
+        lines.append(f"  {lesson.number:02d} {lesson.title}{status}: {does}")
+    print("\n".join(lines), file=out)
+    return caps
+
+
+if __name__ == "__main__":
+    report()

@@ -1,0 +1,106 @@
+"""Exercise checks: run a learner's function on crafted cases and explain what went wrong.
+
+Each lesson's checks live in `lib.exercises.lessonNN`. A check takes the learner's function,
+runs it on cases chosen to expose the classic mistakes (T = 1, padding on both sides, very
+negative scores), and returns a `CheckReport`. Its text is what the learner sees under the cell:
+either a pass line, or the first failing case with a hint. It never raises for a wrong or
+unfinished answer, so a student running an unsolved notebook sees hints, not stack traces.
+
+The lessons hold the solutions between `### BEGIN SOLUTION` / `### END SOLUTION` markers;
+`tools/make_exercises.py` writes the exercise notebooks with those lines replaced by a stub.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["Case", "CheckReport", "run_checks"]
+
+Diagnose = Callable[[torch.Tensor], "str | None"]
+
+
+@dataclass
+class Case:
+    """One input to try: `args` go to the learner's function, `expected` is lib's answer.
+
+    `exact` demands bit equality (masks); otherwise values must be within atol/rtol.
+    `diagnose(got)` may return a targeted hint when the answer is wrong.
+    """
+
+    name: str
+    args: tuple
+    expected: torch.Tensor
+    exact: bool = False
+    atol: float = 1e-5
+    rtol: float = 1e-5
+    diagnose: Diagnose | None = None
+
+
+@dataclass
+class CheckReport:
+    """The outcome of one exercise check; its repr is the text shown to the learner."""
+
+    exercise: str
+    passed: bool
+    n_cases: int
+    failed_case: str | None = None
+    problem: str | None = None
+    hint: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        if self.passed:
+            return f"✔ {self.exercise}: passed all {self.n_cases} checks."
+        lines = [f"✘ {self.exercise}: not passed yet."]
+        if self.failed_case:
+            lines.append(f"  case:    {self.failed_case}")
+        if self.problem:
+            lines.append(f"  problem: {self.problem}")
+        if self.hint:
+            lines.append(f"  hint:    {self.hint}")
+        return "\n".join(lines)
+
+    __str__ = __repr__
+
+
+def _describe_shape(x) -> str:
+    return f"shape {tuple(x.shape)}, dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def run_checks(exercise: str, fn: Callable, cases: list[Case], *, nan_hint: Callable[[Case], str] | None = None) -> CheckReport:
+    """Try `fn` on every case in order; report the first failure with the most specific hint."""
+    if not callable(fn):
+        return CheckReport(exercise, False, len(cases), problem=f"expected a function, got {type(fn).__name__}",
+                           hint="pass the function itself, without calling it: check(my_fn), not check(my_fn())")
+    for case in cases:
+        fail = lambda problem, hint=None: CheckReport(exercise, False, len(cases), case.name, problem, hint)  # noqa: E731
+        try:
+            got = fn(*case.args)
+        except NotImplementedError:
+            return fail("not attempted yet", "replace the `raise NotImplementedError` line with your code, then run the cell again")
+        except Exception as err:  # the learner's bug, reported as text rather than a traceback
+            return fail(f"your function raised {type(err).__name__}: {err}", "try it by hand on this case's inputs")
+        if not isinstance(got, torch.Tensor):
+            return fail(f"returned {type(got).__name__}, expected a torch.Tensor", "did you forget a `return`?")
+        if got.shape != case.expected.shape:
+            return fail(f"returned {_describe_shape(got)}, expected shape {tuple(case.expected.shape)}")
+        if got.dtype != case.expected.dtype:
+            hint = case.diagnose(got) if case.diagnose else None
+            return fail(f"returned dtype {got.dtype}, expected {case.expected.dtype}", hint)
+        if bool(torch.isnan(got).any()) and not bool(torch.isnan(case.expected).any()):
+            hint = nan_hint(case) if nan_hint else (case.diagnose(got) if case.diagnose else None)
+            return fail("the result contains NaN", hint)
+        if case.exact:
+            ok = torch.equal(got, case.expected)
+        else:
+            ok = torch.allclose(got, case.expected, atol=case.atol, rtol=case.rtol)
+        if not ok:
+            hint = case.diagnose(got) if case.diagnose else None
+            diff = (got.double() - case.expected.double()).abs().nan_to_num(nan=float("inf"), posinf=float("inf"))
+            finite = torch.isfinite(got) == torch.isfinite(case.expected)
+            problem = "wrong values" if not bool(finite.all()) else f"wrong values (largest difference {diff.max().item():.3g})"
+            return fail(problem, hint)
+    return CheckReport(exercise, True, len(cases))

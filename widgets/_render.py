@@ -1,0 +1,50 @@
+"""How figures leave a kernel: one deterministic renderer for JupyterLab, nbval and the book.
+
+A figure is displayed as two outputs of the same data:
+- `application/vnd.plotly.v1+json`, which JupyterLab draws with its plotly extension;
+- `text/html` with a `<div>` whose id is a hash of the figure (not a random uuid) and no
+  plotly.js inside: the Jupyter Book page serves plotly.js once from its own `_static/`.
+Both are byte-for-byte the same on every run, so `pytest --nbval` can compare them, and a
+notebook with ten figures stays tens of kilobytes instead of tens of megabytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import plotly.io as pio
+from plotly.io._base_renderers import MimetypeRenderer
+
+RENDERER = "onemask_html"
+
+# Colour-blind-safe scales (viridis family and a purple-orange diverging scale).
+SEQUENTIAL = "Viridis"
+DIVERGING = "PuOr"
+MASKED_COLOUR = "#2b2b2b"  # a blocked (−inf) cell; also carries a "−∞" label, never colour alone
+OPEN_COLOUR = "#f2f2f2"
+
+
+class StableHtmlRenderer(MimetypeRenderer):
+    """text/html with a content-hashed div id and no embedded plotly.js."""
+
+    def to_mimebundle(self, fig_dict):
+        payload = json.dumps(fig_dict, sort_keys=True, default=str).encode()
+        div_id = "fig-" + hashlib.sha256(payload).hexdigest()[:16]
+        html = pio.to_html(
+            fig_dict,
+            include_plotlyjs=False,
+            include_mathjax=False,
+            full_html=False,
+            div_id=div_id,
+            validate=False,
+            default_width="100%",
+            config={"displaylogo": False, "responsive": True},
+        )
+        return {"text/html": html}
+
+
+def use_stable_renderer() -> None:
+    """Register the renderer and make `fig.show()` emit the plotly JSON + stable HTML pair."""
+    pio.renderers[RENDERER] = StableHtmlRenderer()
+    pio.renderers.default = f"plotly_mimetype+{RENDERER}"
