@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 
@@ -23,6 +24,9 @@ SEQUENTIAL = "Viridis"
 DIVERGING = "PuOr"
 MASKED_COLOUR = "#2b2b2b"  # a blocked (−inf) cell; also carries a "−∞" label, never colour alone
 OPEN_COLOUR = "#f2f2f2"
+# Okabe & Ito's colour-blind-safe palette for lines and bars.
+OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+TEMPLATE = "onemask"
 
 
 class StableHtmlRenderer(MimetypeRenderer):
@@ -45,6 +49,11 @@ class StableHtmlRenderer(MimetypeRenderer):
 
 
 def use_stable_renderer() -> None:
-    """Register the renderer and make `fig.show()` emit the plotly JSON + stable HTML pair."""
+    """Register the renderer and make `fig.show()` emit the plotly JSON + stable HTML pair;
+    new figures use the course template (white background, colour-blind-safe colours)."""
     pio.renderers[RENDERER] = StableHtmlRenderer()
     pio.renderers.default = f"plotly_mimetype+{RENDERER}"
+    template = go.layout.Template(pio.templates["plotly_white"])
+    template.layout.colorway = OKABE_ITO
+    pio.templates[TEMPLATE] = template
+    pio.templates.default = TEMPLATE

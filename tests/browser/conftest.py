@@ -1,0 +1,130 @@
+"""Real Chromium, driven by Playwright, for the JupyterLab and book tests.
+
+The browser is Debian's chromium where it exists (as `make test`'s setup installs it when run as
+root), `$ONEMASK_CHROMIUM` if set, else Playwright's own build. Missing all three is a failure,
+not a skip: `make test` never skips the browser tests silently.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.browser)
+
+
+def chromium_path() -> str | None:
+    for candidate in (os.environ.get("ONEMASK_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None  # Playwright's own build (installed by `playwright install chromium`)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=ARGS)
+        yield b
+        b.close()
+
+
+class PageLog:
+    """Everything a page did that a test may want to assert on."""
+
+    def __init__(self, page, origin: str):
+        self.origin, self.console_errors, self.page_errors, self.requests, self.failed = origin, [], [], [], []
+        page.on("console", lambda m: m.type == "error" and self.console_errors.append(m.text))
+        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
+        page.on("request", lambda r: self.requests.append(r.url))
+        page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
+
+    def outside_requests(self) -> list[str]:
+        return [u for u in self.requests if not (u.startswith(self.origin) or u.startswith(("data:", "blob:", "about:")))]
+
+
+@pytest.fixture(scope="session")
+def page_with_log(browser):
+    def make(origin: str, viewport=(1400, 1000)):
+        context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+        page = context.new_page()
+        return page, PageLog(page, origin)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def book_server():
+    html = ROOT / "book" / "_build" / "html"
+    if not (html / "index.html").exists():
+        pytest.fail("the book is not built: run `make book` first (make test does)")
+    port = free_port()
+    handler = partial(type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None}), directory=str(html))
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 with a token, serving a scratch copy of lessons/ (so autosave
+    and executed outputs never touch the committed notebooks)."""
+    work = tmp_path_factory.mktemp("lab")
+    shutil.copytree(ROOT / "lessons", work / "lessons", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    port, token = free_port(), "onemask-test-token"
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(work / "runtime"), JUPYTER_CONFIG_DIR=str(work / "config"),
+               PYTHONHASHSEED="0")
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+           f"--ServerApp.token={token}", f"--ServerApp.root_dir={work / 'lessons'}",
+           "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={work / 'workspaces'}",
+           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if os.getuid() == 0:
+        cmd.append("--allow-root")
+    log = open(work / "lab.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except Exception:
+            if proc.poll() is not None:
+                pytest.fail(f"jupyter lab exited: {(work / 'lab.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("jupyter lab did not start within 90 s")
+    yield base, token
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()

@@ -1,0 +1,201 @@
+"""lib.attention: every backend equals the reference; masked weights are exactly zero; rows with
+no visible key give zeros (never NaN), forward and backward; bad input gets a clear error."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lib.attention import (
+    BACKENDS,
+    attention,
+    attention_chunked,
+    attention_ref,
+    attention_scores,
+    attention_weights,
+    register_backend,
+    safe_softmax,
+)
+from lib.masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
+
+
+def rand(*shape, seed=0, scale=1.0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def qkv(B=2, H=4, T=37, S=None, D=16, H_kv=None, D_v=None, seed=0, scale=1.0, dtype=torch.float32):
+    S, H_kv, D_v = S or T, H_kv or H, D_v or D
+    return (rand(B, H, T, D, seed=seed, scale=scale, dtype=dtype),
+            rand(B, H_kv, S, D, seed=seed + 1, scale=scale, dtype=dtype),
+            rand(B, H_kv, S, D_v, seed=seed + 2, dtype=dtype))
+
+
+def err(x, truth):
+    return (x.double() - truth.double()).abs().max().item()
+
+
+def truth_of(q, k, v, mask=None, causal=False):
+    """float64 reference: the yardstick for every float32/16 result."""
+    return attention_ref(q.double(), k.double(), v.double(), None if mask is None else mask.double(), causal)
+
+
+# Inputs chosen to break things: T=1, lengths that are no multiple of a block, T < S (decoding),
+# grouped-query heads, a value dim unlike the key dim, very large and negative scores, padding
+# on both sides so that some query rows see no key at all.
+CASES = {
+    "T=1": (dict(B=1, H=1, T=1, D=8), None, False),
+    "T=37 causal": (dict(T=37), None, True),
+    "T=37 S=50 causal (decode-style)": (dict(T=37, S=50), None, True),
+    "T=1 S=33 causal (one decode step)": (dict(T=1, S=33), None, True),
+    "GQA H=4 H_kv=2, D_v=8": (dict(H=4, H_kv=2, D_v=8), None, True),
+    "large scores": (dict(T=29, D=32, scale=6.0), None, False),
+    "negative scores": (dict(T=29, D=32, scale=-4.0), None, True),
+    "padding both sides + causal": (dict(T=12), padding_mask(torch.tensor([[0, 0] + [1] * 9 + [0], [1] * 12])), True),
+    "(T, S) sliding window": (dict(T=20), sliding_window_mask(20, 5), False),
+    "full (B, H, T, S) mask": (dict(B=2, H=4, T=9), torch.where(rand(2, 4, 9, 9, seed=9) > 0.8, float("-inf"), 0.0), False),
+}
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "chunked"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_backend_matches_float64_truth_within_twice_the_fp32_reference_error(backend, case):
+    shape, mask, causal = CASES[case]
+    q, k, v = qkv(**shape)
+    truth = truth_of(q, k, v, mask, causal)
+    # fp32 tolerance, flash-attention's rule: a backend may be off by at most twice what the
+    # fp32 reference itself is off by (1e-6 floor for inputs where that is ~0).
+    budget = 2 * err(attention_ref(q, k, v, mask, causal), truth) + 1e-6
+    out = attention(q, k, v, mask, causal, backend=backend)
+    assert out.shape == truth.shape and out.dtype == q.dtype
+    assert not torch.isnan(out).any()
+    assert err(out, truth) <= budget
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+def test_half_precision_error_is_no_worse_than_pytorchs_own(dtype, backend):
+    q, k, v = qkv(T=45, D=32, dtype=dtype)
+    truth = truth_of(q, k, v, causal=True)
+    # half-precision tolerance judged against PyTorch's SDPA in the same dtype (2x its error)
+    torch_err = err(F.scaled_dot_product_attention(q, k, v, is_causal=True), truth)
+    assert err(attention(q, k, v, causal=True, backend=backend), truth) <= 2 * torch_err + 1e-3
+
+
+@given(
+    T=st.integers(1, 40), extra=st.integers(0, 20), D=st.sampled_from([1, 4, 16]),
+    block_q=st.integers(1, 17), block_k=st.integers(1, 17), causal=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_chunked_equals_reference_for_any_block_sizes(T, extra, D, block_q, block_k, causal, seed):
+    q, k, v = qkv(B=1, H=2, T=T, S=T + extra, D=D, seed=seed)
+    out = attention_chunked(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+    # fp32, scores of size ~1: only the order of summation differs
+    assert torch.allclose(out, attention_ref(q, k, v, causal=causal), atol=1e-5, rtol=1e-5)
+
+
+def test_masked_weights_are_exactly_zero_and_rows_sum_to_one_or_zero():
+    q, k, _ = qkv(T=10)
+    mask = combine_masks(causal_mask(10), padding_mask(torch.tensor([[0, 0] + [1] * 8, [1] * 7 + [0] * 3])))
+    w = attention_weights(q, k, mask)
+    blocked = torch.isneginf(mask).expand_as(w)
+    assert (w[blocked] == 0).all()
+    sums = w.sum(-1)
+    has_key = (~torch.isneginf(mask)).any(-1).expand_as(sums)
+    assert torch.allclose(sums[has_key], torch.ones_like(sums[has_key]))
+    assert (sums[~has_key] == 0).all() and (~has_key).any()  # left padding + causal: empty rows exist
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked"])
+def test_rows_without_visible_keys_give_zero_output_and_finite_gradients(backend):
+    q, k, v = (x.requires_grad_() for x in qkv(B=2, H=2, T=6, D=4))
+    mask = combine_masks(causal_mask(6), padding_mask(torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])))
+    out = attention(q, k, v, mask, backend=backend)
+    assert torch.equal(out[0, :, :2], torch.zeros(2, 2, 4))
+    keep_rows = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6], dtype=torch.float32)[:, None, :, None]
+    (out * keep_rows).sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+
+
+def test_plain_softmax_gives_nan_where_safe_softmax_gives_zero():
+    x = torch.tensor([[0.5, float("-inf"), 2.0], [float("-inf")] * 3])
+    assert torch.isnan(torch.softmax(x, -1)[1]).all()
+    assert torch.equal(safe_softmax(x)[1], torch.zeros(3))
+    assert torch.allclose(safe_softmax(x)[0], torch.softmax(x, -1)[0], rtol=0, atol=1e-7)
+
+
+def test_scores_are_scaled_by_inverse_sqrt_d():
+    q, k, _ = qkv(D=16)
+    assert torch.allclose(attention_scores(q, k), q @ k.transpose(-2, -1) / 4.0, atol=1e-6)
+    assert torch.allclose(attention_scores(q, k, scale=1.0), q @ k.transpose(-2, -1), atol=1e-5)
+
+
+def test_auto_backend_is_sdpa_and_registered_backends_are_dispatched():
+    q, k, v = qkv(T=5)
+    assert torch.equal(attention(q, k, v, causal=True), attention(q, k, v, causal=True, backend="sdpa"))
+    calls = []
+
+    def spy(q, k, v, mask=None, causal=False, scale=None):
+        calls.append(causal)
+        return attention_ref(q, k, v, mask, causal, scale)
+
+    register_backend("spy", spy)
+    try:
+        attention(q, k, v, causal=True, backend="spy")
+        assert calls == [True]
+    finally:
+        BACKENDS.pop("spy")
+
+
+q0, k0, v0 = qkv(B=2, H=4, T=6, D=8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        (dict(q=q0[0]), ValueError, r"q must have shape \(B, H, T, D\)"),
+        (dict(k=k0[:, :3], v=v0[:, :3]), ValueError, "multiple of the key/value heads"),
+        (dict(k=k0[..., :4]), ValueError, "head dim D"),
+        (dict(v=v0[:, :, :5]), ValueError, "agree on H_kv and S"),
+        (dict(k=k0[:1], v=v0[:1]), ValueError, "batch size"),
+        (dict(q=torch.ones(2, 4, 6, 8, dtype=torch.int64)), TypeError, "q must have a floating dtype"),
+        (dict(v=v0.double()), ValueError, "share one dtype"),
+        (dict(q=[[1.0]]), TypeError, "q must be a torch.Tensor"),
+        (dict(mask=torch.zeros(6, 5)), ValueError, r"mask must broadcast to \(B, H, T, S\)"),
+        (dict(mask=torch.zeros(6, 6, 6)), ValueError, r"mask must have shape \(T, S\)"),
+        (dict(mask=torch.ones(6, 6, dtype=torch.bool)), TypeError, "additive_from_bool"),
+        (dict(mask=torch.zeros(6, 6, dtype=torch.int32)), TypeError, "additive floating mask"),
+        (dict(mask=torch.full((6, 6), float("nan"))), ValueError, "no NaN"),
+        (dict(mask=torch.zeros(6, 6, device="meta")), ValueError, "device"),
+        (dict(q=q0[:, :, :4], k=k0[:, :, :3], v=v0[:, :, :3], causal=True), ValueError, "T <= S"),
+        (dict(causal=1), TypeError, "causal must be a bool"),
+        (dict(scale=-1.0), ValueError, "scale"),
+        (dict(backend="flash"), ValueError, "backend must be"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "chunked"])
+def test_bad_input_raises_a_clear_error_naming_the_argument(kwargs, error, words, backend):
+    args = dict(q=q0, k=k0, v=v0, mask=None, causal=False, scale=None, backend=backend)
+    args.update(kwargs)
+    with pytest.raises(error, match=words):
+        attention(**args)
+
+
+def test_chunked_rejects_bad_block_sizes():
+    with pytest.raises(ValueError, match="block_q"):
+        attention_chunked(q0, k0, v0, block_q=0)
+    with pytest.raises(TypeError, match="block_k"):
+        attention_chunked(q0, k0, v0, block_k=2.5)
+
+
+def test_reference_matches_the_textbook_formula_on_a_hand_sized_case():
+    q = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]]])  # (1, 1, 2, 2)
+    k = torch.tensor([[[[1.0, 0.0], [1.0, 1.0]]]])
+    v = torch.tensor([[[[10.0], [20.0]]]])
+    s = torch.tensor([[1.0, 1.0], [0.0, 1.0]]) / math.sqrt(2)
+    expected = torch.softmax(s, -1) @ torch.tensor([[10.0], [20.0]])
+    assert torch.allclose(attention_ref(q, k, v)[0, 0], expected)
+    assert torch.allclose(attention_ref(q, k, v, causal=True)[0, 0, 0], torch.tensor([10.0]))

@@ -1,0 +1,164 @@
+"""The exercise mechanism: checks fail on stubs with hints, pass on solutions, never raise; the
+generated exercise notebooks are current and show hints, not tracebacks, when run unsolved."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from nbclient import NotebookClient
+
+from lib.attention import attention_ref
+from lib.exercises import CheckReport
+from lib.exercises.lesson01 import check_causal_mask, check_masked_attention
+from lib.masks import causal_mask
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]-*.ipynb"))
+
+
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+# ---------------------------------------------------------------- exercise 1.1
+def test_causal_mask_check_passes_on_the_solution_and_fails_on_the_stub():
+    assert check_causal_mask(causal_mask).passed
+    report = check_causal_mask(stub)
+    assert not report.passed and report.problem == "not attempted yet"
+    assert "NotImplementedError" in repr(report)
+
+
+@pytest.mark.parametrize(
+    "wrong, hint_words",
+    [
+        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(), "not True/False"),
+        (lambda T: torch.full((T, T), float("-inf")).tril(diagonal=-1), "blocked the past"),
+        (lambda T: torch.full((T, T), float("-inf")).triu(diagonal=0), "diagonal"),
+        (lambda T: torch.full((T, T), -1e9).triu(diagonal=1), "-1e9"),
+        (lambda T: torch.full((T, T), float("-inf")).triu(diagonal=1).double(), None),
+        (lambda T: None, "return"),
+    ],
+)
+def test_causal_mask_check_names_the_mistake(wrong, hint_words):
+    report = check_causal_mask(wrong)
+    assert not report.passed
+    if hint_words:
+        assert hint_words in (report.hint or "") + (report.problem or "")
+
+
+# ---------------------------------------------------------------- exercise 1.2
+def solution(q, k, v, mask):
+    return attention_ref(q, k, v, mask)
+
+
+def plain_softmax(q, k, v, mask):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + mask, -1) @ v
+
+
+def no_max_subtraction(q, k, v, mask):
+    e = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + mask)
+    return e / e.sum(-1, keepdim=True).clamp_min(1e-30) @ v
+
+
+def unscaled(q, k, v, mask):
+    return attention_ref(q, k, v, mask, scale=1.0)
+
+
+def wrong_axis(q, k, v, mask):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + mask, -2).nan_to_num(0.0) @ v
+
+
+def mask_ignored(q, k, v, mask):
+    return attention_ref(q, k, v)
+
+
+def crashes(q, k, v, mask):
+    return q @ k  # shape error for T != D
+
+
+def test_masked_attention_check_passes_on_the_solution_and_fails_on_the_stub():
+    assert check_masked_attention(solution).passed
+    assert check_masked_attention(stub).problem == "not attempted yet"
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (plain_softmax, "did a whole row get -inf?"),
+        (no_max_subtraction, "subtract each row's maximum"),
+        (unscaled, "divide QKᵀ by √D"),
+        (wrong_axis, "dim=-1"),
+        (mask_ignored, "the mask was not applied"),
+        (crashes, "raised RuntimeError"),
+    ],
+)
+def test_masked_attention_check_gives_a_targeted_hint(wrong, words):
+    report = check_masked_attention(wrong)
+    assert isinstance(report, CheckReport) and not report.passed
+    assert words in f"{report.problem} {report.hint}"
+
+
+def test_a_check_given_a_non_function_explains_instead_of_raising():
+    report = check_causal_mask(causal_mask(3))
+    assert not report.passed and "without calling it" in report.hint
+
+
+# ---------------------------------------------------------------- generated notebooks
+def test_stub_generation_replaces_the_solution_block_at_its_indentation():
+    tool = load_tool("make_exercises")
+    src = "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n\ncheck(f)"
+    out = tool.stub_source(src, "test")
+    assert "return x" not in out and "SOLUTION" not in out
+    assert "    raise NotImplementedError" in out and out.endswith("check(f)")
+    with pytest.raises(ValueError, match="without"):
+        tool.stub_source("### BEGIN SOLUTION\nx = 1\n", "test")
+
+
+def test_generated_exercise_notebooks_are_current():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "make_exercises.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def exercise_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code" and "check_" in c.source and "my_" in c.source]
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_lesson_holds_solutions_that_pass_their_checks(lesson):
+    nb = nbformat.read(lesson, as_version=4)
+    cells = exercise_cells(nb)
+    assert cells, "every lesson has exercises"
+    for cell in cells:
+        assert "### BEGIN SOLUTION" in cell.source
+        text = "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+        assert text.startswith("✔") and "passed all" in text, text
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_unsolved_exercise_notebook_runs_and_shows_hints_not_tracebacks(lesson):
+    path = ROOT / "lessons" / "exercises" / lesson.name
+    nb = nbformat.read(path, as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "exercise notebooks ship unexecuted"
+    assert "jupytext" not in nb.metadata, "no pairing: saving it must not create a .md"
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "lessons")}},
+                   store_widget_state=False).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, [e["ename"] for e in errors]
+    cells = exercise_cells(nb)
+    assert cells
+    for cell in cells:
+        text = "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+        assert "not passed yet" in text and "not attempted yet" in text and "hint:" in text, text
