@@ -33,7 +33,7 @@ setup: $(STAMP)
 lab: $(STAMP)
 	@token=$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(24))'); \
 	echo ""; echo "  One Mask in JupyterLab: http://127.0.0.1:$(PORT)/lab/tree/01-masking-equation.ipynb?token=$$token"; echo ""; \
-	exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.token=$$token \
+	exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --IdentityProvider.token=$$token \
 	  --ServerApp.root_dir=lessons --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 

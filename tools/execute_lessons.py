@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def normalise(nb_path: Path) -> None:
     nb_path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
-def execute(md: Path) -> tuple[Path, int, str]:
+def execute(md: Path) -> tuple[Path, int, str, float]:
+    start = time.perf_counter()
     nb = md.with_suffix(".ipynb")
     env = dict(os.environ, PYTHONHASHSEED="0", TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
     steps = [
@@ -52,17 +54,17 @@ def execute(md: Path) -> tuple[Path, int, str]:
     for cmd in steps:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode:
-            return md, proc.returncode, proc.stdout[-4000:] + proc.stderr[-4000:]
+            return md, proc.returncode, proc.stdout[-4000:] + proc.stderr[-4000:], time.perf_counter() - start
     normalise(nb)
-    return md, 0, ""
+    return md, 0, "", time.perf_counter() - start
 
 
 def main(argv: list[str]) -> int:
     mds = [Path(a).resolve() for a in argv] or sorted(LESSONS.glob("[0-9][0-9]-*.md"))
     failed = 0
     with ThreadPoolExecutor(max_workers=max(1, min(len(mds), os.cpu_count() or 1))) as pool:
-        for md, rc, log in pool.map(execute, mds):
-            print(f"{'ok  ' if rc == 0 else 'FAIL'} {md.relative_to(ROOT)}")
+        for md, rc, log, seconds in pool.map(execute, mds):
+            print(f"{'ok  ' if rc == 0 else 'FAIL'} {md.relative_to(ROOT)}  ({seconds:.0f} s, including kernel start)")
             if rc:
                 failed += 1
                 print(log)

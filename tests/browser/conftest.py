@@ -101,7 +101,7 @@ def lab_server(tmp_path_factory):
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(work / "runtime"), JUPYTER_CONFIG_DIR=str(work / "config"),
                PYTHONHASHSEED="0")
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-           f"--ServerApp.token={token}", f"--ServerApp.root_dir={work / 'lessons'}",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work / 'lessons'}",
            "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={work / 'workspaces'}",
            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if os.getuid() == 0:
