@@ -162,3 +162,73 @@ def test_unsolved_exercise_notebook_runs_and_shows_hints_not_tracebacks(lesson):
     for cell in cells:
         text = "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
         assert "not passed yet" in text and "not attempted yet" in text and "hint:" in text, text
+
+
+# ---------------------------------------------------------------- lesson 02
+from lib.bert import mlm_corrupt  # noqa: E402
+from lib.exercises.lesson02 import check_mlm_corrupt, check_padding_mask  # noqa: E402
+from lib.masks import padding_mask  # noqa: E402
+
+
+def test_padding_mask_check_passes_on_lib_and_fails_on_the_stub():
+    assert check_padding_mask(padding_mask).passed
+    assert check_padding_mask(stub).problem == "not attempted yet"
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda k: padding_mask(k)[:, 0, 0], "(B, 1, 1, T)"),
+        (lambda k: padding_mask(1 - k), "inverted"),
+        (lambda k: padding_mask(k).transpose(-1, -2), "queries"),
+        (lambda k: k.bool()[:, None, None, :], "not True/False"),
+    ],
+)
+def test_padding_mask_check_names_the_mistake(wrong, words):
+    report = check_padding_mask(wrong)
+    assert not report.passed and words in (report.hint or "")
+
+
+def lib_corrupt(ids, mask_id, vocab, special, g):
+    return mlm_corrupt(ids, mask_token_id=mask_id, vocab_size=vocab, special_token_ids=special, generator=g)
+
+
+def only_mask(ids, mask_id, vocab, special, g):
+    sel = (torch.rand(ids.shape, generator=g) < 0.15) & ~torch.isin(ids, torch.tensor(special))
+    return torch.where(sel, mask_id, ids), torch.where(sel, ids, -100)
+
+
+def selects_specials(ids, mask_id, vocab, special, g):
+    sel = torch.rand(ids.shape, generator=g) < 0.15
+    return torch.where(sel, mask_id, ids), torch.where(sel, ids, -100)
+
+
+def in_place(ids, mask_id, vocab, special, g):
+    corrupted, labels = lib_corrupt(ids, mask_id, vocab, special, g)
+    ids.copy_(corrupted)
+    return corrupted, labels
+
+
+def no_ignore_labels(ids, mask_id, vocab, special, g):
+    corrupted, _ = lib_corrupt(ids, mask_id, vocab, special, g)
+    return corrupted, ids.clone()
+
+
+def test_mlm_corrupt_check_passes_on_lib_and_fails_on_the_stub():
+    assert check_mlm_corrupt(lib_corrupt).passed
+    assert check_mlm_corrupt(stub).problem == "not attempted yet"
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (only_mask, "below 0.8"),
+        (selects_specials, "special"),
+        (in_place, "clone"),
+        (no_ignore_labels, "special"),
+        (lambda *a: a[0], "tuple"),
+    ],
+)
+def test_mlm_corrupt_check_names_the_mistake(wrong, words):
+    report = check_mlm_corrupt(wrong)
+    assert not report.passed and words in f"{report.problem} {report.hint}"

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Case", "CheckReport", "run_checks"]
+__all__ = ["Case", "CheckReport", "call_learner", "run_checks"]
 
 Diagnose = Callable[[torch.Tensor], "str | None"]
 
@@ -70,23 +70,33 @@ def _describe_shape(x) -> str:
     return f"shape {tuple(x.shape)}, dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
+def call_learner(exercise: str, fn: Callable, args: tuple, case: str, n_cases: int) -> tuple[Any, CheckReport | None]:
+    """Call the learner's function; a stub, a non-function or an exception becomes a report."""
+    if not callable(fn):
+        return None, CheckReport(exercise, False, n_cases, problem=f"expected a function, got {type(fn).__name__}",
+                                 hint="pass the function itself, without calling it: check(my_fn), not check(my_fn())")
+    try:
+        return fn(*args), None
+    except NotImplementedError:
+        return None, CheckReport(exercise, False, n_cases, case, "not attempted yet",
+                                 "replace the `raise NotImplementedError` line with your code, then run the cell again")
+    except Exception as err:  # the learner's bug, reported as text rather than a traceback
+        return None, CheckReport(exercise, False, n_cases, case, f"your function raised {type(err).__name__}: {err}",
+                                 "try it by hand on this case's inputs")
+
+
 def run_checks(exercise: str, fn: Callable, cases: list[Case], *, nan_hint: Callable[[Case], str] | None = None) -> CheckReport:
     """Try `fn` on every case in order; report the first failure with the most specific hint."""
-    if not callable(fn):
-        return CheckReport(exercise, False, len(cases), problem=f"expected a function, got {type(fn).__name__}",
-                           hint="pass the function itself, without calling it: check(my_fn), not check(my_fn())")
     for case in cases:
         fail = lambda problem, hint=None: CheckReport(exercise, False, len(cases), case.name, problem, hint)  # noqa: E731
-        try:
-            got = fn(*case.args)
-        except NotImplementedError:
-            return fail("not attempted yet", "replace the `raise NotImplementedError` line with your code, then run the cell again")
-        except Exception as err:  # the learner's bug, reported as text rather than a traceback
-            return fail(f"your function raised {type(err).__name__}: {err}", "try it by hand on this case's inputs")
+        got, report = call_learner(exercise, fn, case.args, case.name, len(cases))
+        if report is not None:
+            return report
         if not isinstance(got, torch.Tensor):
             return fail(f"returned {type(got).__name__}, expected a torch.Tensor", "did you forget a `return`?")
         if got.shape != case.expected.shape:
-            return fail(f"returned {_describe_shape(got)}, expected shape {tuple(case.expected.shape)}")
+            hint = case.diagnose(got) if case.diagnose else None
+            return fail(f"returned {_describe_shape(got)}, expected shape {tuple(case.expected.shape)}", hint)
         if got.dtype != case.expected.dtype:
             hint = case.diagnose(got) if case.diagnose else None
             return fail(f"returned dtype {got.dtype}, expected {case.expected.dtype}", hint)
