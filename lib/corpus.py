@@ -56,15 +56,19 @@ def facts_corpus(n: int, seed: int = 0) -> list[str]:
 
 
 INTENTS = ("weather", "music", "alarm", "food")
-_INTENT_TEMPLATES = {
+_INTENT_TEMPLATES = {  # some templates overlap on purpose (timing, wanting, "something warm")
     "weather": ["what is the weather like in {city} {when}", "will it rain in {city} {when}",
-                "do i need an umbrella {when}", "how cold will it be in {city}", "is it sunny {when}"],
+                "do i need an umbrella {when}", "how cold will it be in {city}", "is it sunny {when}",
+                "what should i wear {when}", "should i take a coat to {city}", "is it warm enough to eat outside {when}"],
     "music": ["play some {genre} music", "put on my {genre} playlist", "i want to hear {genre} songs {when}",
-              "turn the music up", "skip this song please"],
+              "turn the music up", "skip this song please", "play something relaxing {when}",
+              "i want something upbeat while i cook", "what was that song at {hour}"],
     "alarm": ["set an alarm for {hour}", "wake me up at {hour} {when}", "cancel my {hour} alarm",
-              "remind me at {hour} to call {name}", "snooze the alarm"],
+              "remind me at {hour} to call {name}", "snooze the alarm", "remind me {when} to buy an umbrella",
+              "i need to be up before {hour}", "remind me to order {dish} at {hour}"],
     "food": ["order a {dish} for dinner", "i am hungry , find me {dish}", "book a table for {n} {when}",
-             "how long until my {dish} arrives", "what restaurants are open {when}"],
+             "how long until my {dish} arrives", "what restaurants are open {when}", "i want something warm to eat {when}",
+             "get me {dish} before the rain starts", "where can i eat outside in {city}"],
 }
 _SLOTS = {
     "city": ["paris", "lagos", "lima", "oslo", "delhi", "tokyo"], "when": ["today", "tomorrow", "tonight", "this weekend"],

@@ -7,7 +7,7 @@ HTML is rewritten to be self-contained:
   jQuery 3.7.1 from the `nbclassic` package, both installed from PyPI by the setup;
 - the require.js loader is replaced by a direct call of bertviz's own drawing function;
 - bertviz's random element id becomes a hash of the content, so stored outputs are stable for
-  `pytest --nbval`; attention weights are rounded to 3 decimals, which keeps them stable across
+  `pytest --nbval`; attention weights are rounded to 2 decimals (line opacity has no finer steps worth storing), which keeps them stable across
   CPUs and keeps the notebook small.
 The drawing code itself is bertviz's, unchanged.
 """
@@ -23,7 +23,7 @@ import torch
 
 __all__ = ["OfflineView", "head_view", "model_view"]
 
-DIGITS = 3
+DIGITS = 2
 
 
 @lru_cache(maxsize=1)

@@ -23,7 +23,7 @@ from lib.masks import MASK_KINDS, build_mask, combine_masks, padding_mask
 from lib.toy import pad_tokens, simple_tokenize, toy_qkv
 from widgets._render import DIVERGING, MASKED_COLOUR, OPEN_COLOUR, SEQUENTIAL
 
-__all__ = ["KIND_LABELS", "MaskExplorer", "MaskState", "explorer_matrices", "mask_explorer_figure"]
+__all__ = ["KIND_LABELS", "MaskExplorer", "MaskState", "attention_heatmap", "explorer_matrices", "mask_explorer_figure"]
 
 KIND_LABELS = {
     "bidirectional": "bidirectional (BERT)",
@@ -261,3 +261,40 @@ class MaskExplorer:
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = "MaskExplorer (a live widget: run this cell in JupyterLab to use it)"
         return bundle
+
+
+def attention_heatmap(weights, mask, tokens: list[str], title: str) -> go.Figure:
+    """Any model's attention for one head, drawn like the explorer: M beside the weights.
+
+    `weights` (T, T) and `mask` (T, T) (additive, 0/−inf) as tensors or arrays; masked cells
+    get "−∞" in M and a × in the weights, whose value there is exactly 0.
+    """
+    w, m = np.asarray(weights, dtype=float), np.asarray(mask, dtype=float)
+    T = len(tokens)
+    if w.shape != (T, T) or m.shape != (T, T):
+        raise ValueError(f"weights and mask must be (T, T) = {(T, T)} for {T} tokens, got {w.shape} and {m.shape}")
+    data = _panel_data({"tokens": list(tokens), "mask": m, "weights": w})
+    font = 11 if T <= 10 else 8 if T <= 16 else 6
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("M: the padding mask (0 or −∞)", "attention weights"))
+    fig.add_trace(go.Heatmap(z=data["mask_z"], text=data["mask_text"], texttemplate="%{text}", textfont={"size": font},
+                             customdata=data["pairs"], zmin=0, zmax=1, showscale=False, xgap=1, ygap=1,
+                             colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]], name="M",
+                             hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>M = %{text}<extra></extra>"),
+                  row=1, col=1)
+    fig.add_trace(go.Heatmap(z=data["weights_z"], text=data["weights_text"], texttemplate="%{text}", textfont={"size": font},
+                             customdata=data["weights_custom"], zmin=0, zmax=1, colorscale=SEQUENTIAL, xgap=1, ygap=1,
+                             colorbar={"title": {"text": "weight"}, "thickness": 12}, name="weights",
+                             hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>weight = %{z:.4f} %{customdata[2]}<extra></extra>"),
+                  row=1, col=2)
+    fig.add_trace(go.Scatter(x=data["x_cols"], y=data["x_rows"], mode="markers", name="masked: weight exactly 0",
+                             marker={"symbol": "x-thin", "size": max(4, 120 // T), "line": {"width": 2, "color": "#d62728"}},
+                             hoverinfo="skip", xaxis="x2", yaxis="y2"))
+    ticks = {"tickmode": "array", "tickvals": list(range(T)), "ticktext": list(tokens), "tickfont": {"size": font + 1}}
+    for col in (1, 2):
+        fig.update_xaxes(**ticks, tickangle=-50, title_text="key", row=1, col=col, range=[-0.5, T - 0.5], constrain="domain")
+        fig.update_yaxes(**ticks, autorange="reversed", row=1, col=col, scaleanchor=f"x{'' if col == 1 else col}", constrain="domain")
+    fig.update_yaxes(title_text="query", row=1, col=1)
+    fig.update_layout(title={"text": title, "x": 0.01}, height=520, plot_bgcolor="white",
+                      legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": -0.25}, margin={"t": 80, "b": 90})
+    return fig
