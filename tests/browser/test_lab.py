@@ -124,3 +124,23 @@ def test_every_live_widget_responds_to_a_control(lab_page):
                                arg=[plot.element_handle(), before], timeout=30_000)
         checked += 1
     assert checked >= 1, "every lesson has at least one live widget"
+
+
+def test_bertviz_views_render_in_lab(lab_page):
+    """Cells whose output is a bertviz view draw their SVG (scripts run once the cell has run)."""
+    page, lesson = lab_page
+    indices = page.evaluate("""() => {
+      const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+      const found = [];
+      for (let i = 0; i < cells.length; i++) {
+        const c = cells.get(i);
+        if (c.type === 'code' && c.outputs.toJSON().some(o => o.data && String(o.data['text/html'] || '').includes('bertviz-'))) found.push(i);
+      }
+      return found;
+    }""")
+    if lesson.startswith("02-"):
+        assert len(indices) == 2  # head view and model view
+    for i in indices:
+        page.evaluate(SCROLL_TO_JS, i)
+        page.wait_for_function("(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
+                               ".querySelectorAll('svg text').length > 5", arg=i, timeout=30_000)
