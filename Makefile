@@ -19,13 +19,15 @@ help:
 	@echo "make lock       rewrite requirements.lock from the current .venv"
 
 # Re-runs only when the pins change: a second `make lab` takes seconds.
-$(STAMP): requirements.lock pyproject.toml tools/install_browser.sh
+$(STAMP): requirements.lock pyproject.toml tools/install_browser.sh tools/lab_overrides.json
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "One Mask needs Python 3.11 (or 3.12), found " + sys.version' 
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	bash tools/install_browser.sh $(BIN)
+	@# JupyterLab must not ask to fetch news or check for updates (a classroom may be offline)
+	@mkdir -p $(VENV)/share/jupyter/lab/settings && cp tools/lab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
 
 setup: $(STAMP)

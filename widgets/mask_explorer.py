@@ -214,7 +214,7 @@ class MaskExplorer:
             "window": W.IntSlider(value=s.window, min=1, max=T, description="window", style=style),
             "d_k": W.Dropdown(options=[4, 16, 64, 256], value=s.d_k, description="d_k", style=style),
         }
-        self.figure = go.FigureWidget(mask_explorer_figure(s))
+        self.figure = go.FigureWidget(self._figure(s))
         self._redrawing = False
         for name, control in self.controls.items():
             control.observe(self._on_change, names="value")
@@ -225,6 +225,11 @@ class MaskExplorer:
             W.HBox([c["n_pad"], c["pad_side"], c["prefix_len"], c["window"]]),
             self.figure,
         ])
+
+    @staticmethod
+    def _figure(state: MaskState) -> go.Figure:
+        # A fixed width: inside a widget area plotly's autosize picks a cramped default.
+        return mask_explorer_figure(state).update_layout(width=1050)
 
     def _sync_enabled(self) -> None:
         self.controls["prefix_len"].disabled = self.state.kind != "prefix-lm"
@@ -251,7 +256,7 @@ class MaskExplorer:
             self._redrawing = False
         self.state = state
         self._sync_enabled()
-        new = mask_explorer_figure(state)
+        new = self._figure(state)
         with self.figure.batch_update():
             for old_trace, new_trace in zip(self.figure.data, new.data):
                 old_trace.update(new_trace.to_plotly_json(), overwrite=True)
