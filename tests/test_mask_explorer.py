@@ -6,6 +6,7 @@ import json
 import numpy as np
 import plotly.io as pio
 import pytest
+import torch
 
 from lib.attention import attention_scores, attention_weights
 from lib.masks import MASK_KINDS, build_mask, combine_masks, padding_mask
@@ -160,3 +161,20 @@ def test_bad_state_is_refused_clearly():
         mask_explorer_figure(kind="diagonal")
     with pytest.raises(ValueError, match="side"):
         mask_explorer_figure(pad_side="middle")
+
+
+def test_attention_heatmap_draws_the_given_weights_and_marks_masked_cells():
+    from widgets import attention_heatmap
+
+    tokens = ["[CLS]", "hi", "[SEP]", "[PAD]"]
+    mask = torch.zeros(4, 4)
+    mask[:, 3] = float("-inf")
+    weights = torch.softmax(torch.arange(16.0).view(4, 4) / 10 + mask, -1)
+    fig = attention_heatmap(weights, mask, tokens, title="t")
+    m_trace, w_trace, x_trace = fig.data
+    assert np.array_equal(np.array(m_trace.z), np.isneginf(mask.numpy()).astype(int))
+    assert np.allclose(np.array(w_trace.z, dtype=float), weights.numpy(), atol=ROUNDING, rtol=0)
+    assert sorted(zip(x_trace.y, x_trace.x)) == [(i, 3) for i in range(4)]
+    assert list(fig.layout.xaxis2.ticktext) == tokens
+    with pytest.raises(ValueError, match=r"\(T, T\)"):
+        attention_heatmap(weights[:3], mask, tokens, title="t")

@@ -55,15 +55,18 @@ class MaskState:
         return replace(self, prefix_len=min(max(self.prefix_len, 0), T), window=min(max(self.window, 1), T))
 
     def tokens(self) -> list[str]:
+        return self.padded()[0]
+
+    def padded(self) -> tuple[list[str], torch.Tensor]:
+        """The tokens with padding added, and the (1, T) 0/1 attention mask."""
         words = simple_tokenize(self.sentence)[:MAX_TOKENS] or ["(empty)"]
-        return pad_tokens(words, self.n_pad, self.pad_side)[0]
+        return pad_tokens(words, self.n_pad, self.pad_side)
 
 
 def explorer_matrices(state: MaskState) -> dict:
     """Tokens and the three (T, T) matrices for one state, computed by lib (float64 numpy)."""
     state = state.clamped()
-    words = simple_tokenize(state.sentence)[:MAX_TOKENS] or ["(empty)"]
-    tokens, keep = pad_tokens(words, state.n_pad, state.pad_side)  # keep: (1, T) of 0/1
+    tokens, keep = state.padded()  # keep: (1, T) of 0/1
     q, k, _ = toy_qkv(tokens, state.d_k, seed=state.seed)  # (1, 1, T, d_k) each
     T = len(tokens)
     mask = combine_masks(
@@ -108,6 +111,48 @@ def _title(state: MaskState) -> str:
     return f"Mask: {KIND_LABELS[state.kind]}{extra}{pad}"
 
 
+def _font(T: int) -> int:
+    return 11 if T <= 10 else 8 if T <= 16 else 6
+
+
+def _mask_trace(data: dict, font: int) -> go.Heatmap:
+    return go.Heatmap(
+        z=data["mask_z"], text=data["mask_text"], texttemplate="%{text}", textfont={"size": font},
+        customdata=data["pairs"], zmin=0, zmax=1, showscale=False,
+        colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]], xgap=1, ygap=1, name="M",
+        hovertemplate="query %{customdata[0]} (row %{y}) → key %{customdata[1]} (col %{x})<br>M = %{text}<extra></extra>",
+    )
+
+
+def _weights_trace(data: dict, font: int, colorbar: dict) -> go.Heatmap:
+    return go.Heatmap(
+        z=data["weights_z"], text=data["weights_text"], texttemplate="%{text}", textfont={"size": font},
+        customdata=data["weights_custom"], zmin=0, zmax=1, colorscale=SEQUENTIAL, xgap=1, ygap=1, name="weights",
+        colorbar={"title": {"text": "weight"}, "thickness": 12, **colorbar},
+        hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>weight = %{z:.4f} %{customdata[2]}<extra></extra>",
+    )
+
+
+def _masked_markers(data: dict, T: int, axes: str) -> go.Scatter:
+    """A × on every masked cell of the weights panel: the non-colour cue for "exactly 0"."""
+    return go.Scatter(
+        x=data["x_cols"], y=data["x_rows"], mode="markers", name="masked: weight exactly 0",
+        marker={"symbol": "x-thin", "size": max(4, 120 // T), "line": {"width": 2, "color": "#d62728"}},
+        hoverinfo="skip", xaxis=f"x{axes}", yaxis=f"y{axes}", showlegend=True,
+    )
+
+
+def _token_axes(fig: go.Figure, tokens: list[str], cols: int, font: int) -> None:
+    T = len(tokens)
+    ticks = {"tickmode": "array", "tickvals": list(range(T)), "ticktext": list(tokens), "tickfont": {"size": font + 1}}
+    for col in range(1, cols + 1):
+        fig.update_xaxes(**ticks, tickangle=-50, side="bottom", title_text="key (looked at)", row=1, col=col,
+                         range=[-0.5, T - 0.5], constrain="domain", showgrid=False, zeroline=False)
+        fig.update_yaxes(**ticks, autorange="reversed", row=1, col=col, showgrid=False, zeroline=False,
+                         scaleanchor=f"x{'' if col == 1 else col}", constrain="domain")
+    fig.update_yaxes(title_text="query (looking)", row=1, col=1)
+
+
 def mask_explorer_figure(state: MaskState | None = None, *, buttons: bool = False, **changes) -> go.Figure:
     """The three heatmaps for `state` (or MaskState(**changes)); `buttons=True` adds the zoo."""
     state = (state or MaskState()) if not changes else replace(state or MaskState(), **changes)
@@ -117,42 +162,22 @@ def mask_explorer_figure(state: MaskState | None = None, *, buttons: bool = Fals
     mats = explorer_matrices(state)
     data = _panel_data(mats)
     tokens, T = mats["tokens"], len(mats["tokens"])
-    font = 11 if T <= 10 else 8 if T <= 16 else 6
+    font = _font(T)
 
     fig = make_subplots(
         rows=1, cols=3, horizontal_spacing=0.09,
         subplot_titles=("M: the mask (0 or −∞)", "scores QKᵀ/√d (before the mask)", "weights softmax(QKᵀ/√d + M)"),
     )
-    fig.add_trace(go.Heatmap(
-        z=data["mask_z"], text=data["mask_text"], texttemplate="%{text}", textfont={"size": font},
-        customdata=data["pairs"], zmin=0, zmax=1, showscale=False,
-        colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]], xgap=1, ygap=1, name="M",
-        hovertemplate="query %{customdata[0]} (row %{y}) → key %{customdata[1]} (col %{x})<br>M = %{text}<extra></extra>",
-    ), row=1, col=1)
+    fig.add_trace(_mask_trace(data, font), row=1, col=1)
     fig.add_trace(go.Heatmap(
         z=np.round(mats["scores"], DIGITS).tolist(), text=_cell_text(mats["scores"], np.zeros((T, T), bool), "", digits=1),
         texttemplate="%{text}", textfont={"size": font}, customdata=data["pairs"], colorscale=DIVERGING, zmid=0,
         xgap=1, ygap=1, name="scores", colorbar={"title": {"text": "score"}, "x": 0.635, "len": 0.8, "thickness": 12},
         hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>score = %{z:.4f}<extra></extra>",
     ), row=1, col=2)
-    fig.add_trace(go.Heatmap(
-        z=data["weights_z"], text=data["weights_text"], texttemplate="%{text}", textfont={"size": font},
-        customdata=data["weights_custom"], zmin=0, zmax=1, colorscale=SEQUENTIAL, xgap=1, ygap=1, name="weights",
-        colorbar={"title": {"text": "weight"}, "x": 1.0, "len": 0.8, "thickness": 12},
-        hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>weight = %{z:.4f} %{customdata[2]}<extra></extra>",
-    ), row=1, col=3)
-    fig.add_trace(go.Scatter(
-        x=data["x_cols"], y=data["x_rows"], mode="markers", name="masked: weight exactly 0",
-        marker={"symbol": "x-thin", "size": max(4, 120 // T), "line": {"width": 2, "color": "#d62728"}}, hoverinfo="skip",
-        xaxis="x3", yaxis="y3", showlegend=True,
-    ))
-    ticks = {"tickmode": "array", "tickvals": list(range(T)), "ticktext": tokens, "tickfont": {"size": font + 1}}
-    for col in (1, 2, 3):
-        fig.update_xaxes(**ticks, tickangle=-50, side="bottom", title_text="key (looked at)", row=1, col=col,
-                         range=[-0.5, T - 0.5], constrain="domain", showgrid=False, zeroline=False)
-        fig.update_yaxes(**ticks, autorange="reversed", row=1, col=col, showgrid=False, zeroline=False,
-                         scaleanchor=f"x{'' if col == 1 else col}", constrain="domain")
-    fig.update_yaxes(title_text="query (looking)", row=1, col=1)
+    fig.add_trace(_weights_trace(data, font, {"x": 1.0, "len": 0.8}), row=1, col=3)
+    fig.add_trace(_masked_markers(data, T, "3"))
+    _token_axes(fig, tokens, 3, font)
     fig.update_layout(
         title={"text": _title(state), "x": 0.01}, height=520, margin={"l": 70, "r": 30, "t": 80, "b": 90},
         legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": -0.32},
@@ -279,27 +304,13 @@ def attention_heatmap(weights, mask, tokens: list[str], title: str) -> go.Figure
     if w.shape != (T, T) or m.shape != (T, T):
         raise ValueError(f"weights and mask must be (T, T) = {(T, T)} for {T} tokens, got {w.shape} and {m.shape}")
     data = _panel_data({"tokens": list(tokens), "mask": m, "weights": w})
-    font = 11 if T <= 10 else 8 if T <= 16 else 6
+    font = _font(T)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=("M: the padding mask (0 or −∞)", "attention weights"))
-    fig.add_trace(go.Heatmap(z=data["mask_z"], text=data["mask_text"], texttemplate="%{text}", textfont={"size": font},
-                             customdata=data["pairs"], zmin=0, zmax=1, showscale=False, xgap=1, ygap=1,
-                             colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]], name="M",
-                             hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>M = %{text}<extra></extra>"),
-                  row=1, col=1)
-    fig.add_trace(go.Heatmap(z=data["weights_z"], text=data["weights_text"], texttemplate="%{text}", textfont={"size": font},
-                             customdata=data["weights_custom"], zmin=0, zmax=1, colorscale=SEQUENTIAL, xgap=1, ygap=1,
-                             colorbar={"title": {"text": "weight"}, "thickness": 12}, name="weights",
-                             hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>weight = %{z:.4f} %{customdata[2]}<extra></extra>"),
-                  row=1, col=2)
-    fig.add_trace(go.Scatter(x=data["x_cols"], y=data["x_rows"], mode="markers", name="masked: weight exactly 0",
-                             marker={"symbol": "x-thin", "size": max(4, 120 // T), "line": {"width": 2, "color": "#d62728"}},
-                             hoverinfo="skip", xaxis="x2", yaxis="y2"))
-    ticks = {"tickmode": "array", "tickvals": list(range(T)), "ticktext": list(tokens), "tickfont": {"size": font + 1}}
-    for col in (1, 2):
-        fig.update_xaxes(**ticks, tickangle=-50, title_text="key", row=1, col=col, range=[-0.5, T - 0.5], constrain="domain")
-        fig.update_yaxes(**ticks, autorange="reversed", row=1, col=col, scaleanchor=f"x{'' if col == 1 else col}", constrain="domain")
-    fig.update_yaxes(title_text="query", row=1, col=1)
+    fig.add_trace(_mask_trace(data, font), row=1, col=1)
+    fig.add_trace(_weights_trace(data, font, {}), row=1, col=2)
+    fig.add_trace(_masked_markers(data, T, "2"))
+    _token_axes(fig, list(tokens), 2, font)
     fig.update_layout(title={"text": title, "x": 0.01}, height=520, plot_bgcolor="white",
                       legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": -0.25}, margin={"t": 80, "b": 90})
     return fig
