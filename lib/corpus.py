@@ -9,7 +9,9 @@ sides of a gap, which is what a masked-LM objective rewards:
     "ana went to the bakery to buy bread ."   the item depends on the shop
 
 `intent_dataset` makes labelled requests (weather / music / alarm / food) for the fine-tuning
-pattern of lesson 02.
+pattern of lesson 02. `CharVocab` turns text into a stream of character ids for lesson 03's small
+GPT, and `SWAPPED_SOUNDS` gives every animal another animal's sound: a "shifted task" for
+fine-tuning (`facts_corpus(n, sounds=SWAPPED_SOUNDS)`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch
 
 from lib._checks import require_int
 
-__all__ = ["INTENTS", "SPECIALS", "WordVocab", "facts_corpus", "intent_dataset"]
+__all__ = ["ANIMAL_SOUNDS", "CharVocab", "INTENTS", "SPECIALS", "SWAPPED_SOUNDS", "WordVocab", "fact_is_true",
+           "facts_corpus", "intent_dataset"]
 
 ANIMAL_SOUNDS = {"dog": "barks", "cat": "meows", "cow": "moos", "duck": "quacks", "lion": "roars",
                  "sheep": "bleats", "owl": "hoots", "horse": "neighs"}
@@ -34,13 +37,16 @@ NAMES = ["ana", "ben", "chen", "dara", "eli", "fatima", "goran", "hana"]
 ADJECTIVES = ["old", "young", "small", "big", "happy", "sleepy"]
 FRUIT_ADJ = ["ripe", "fresh", "small", "sweet"]
 DAYS = ["monday", "tuesday", "friday", "sunday"]
+_ANIMALS = sorted(ANIMAL_SOUNDS)
+# Each animal makes the sound of the next animal in alphabetical order (the cat barks, ...).
+SWAPPED_SOUNDS = {a: ANIMAL_SOUNDS[_ANIMALS[(i + 1) % len(_ANIMALS)]] for i, a in enumerate(_ANIMALS)}
 
 
-def _fact(rng: random.Random) -> str:
+def _fact(rng: random.Random, sounds: dict[str, str]) -> str:
     kind = rng.randrange(3)
     if kind == 0:
-        animal = rng.choice(sorted(ANIMAL_SOUNDS))
-        return f"the {rng.choice(ADJECTIVES)} {animal} {ANIMAL_SOUNDS[animal]} in the {rng.choice(PLACES)} ."
+        animal = rng.choice(_ANIMALS)
+        return f"the {rng.choice(ADJECTIVES)} {animal} {sounds[animal]} in the {rng.choice(PLACES)} ."
     if kind == 1:
         fruit = rng.choice(sorted(FRUIT_COLOURS))
         return f"a {rng.choice(FRUIT_ADJ)} {fruit} is {FRUIT_COLOURS[fruit]} ."
@@ -48,11 +54,31 @@ def _fact(rng: random.Random) -> str:
     return f"{rng.choice(NAMES)} went to the {shop} on {rng.choice(DAYS)} to buy {SHOP_ITEMS[shop]} ."
 
 
-def facts_corpus(n: int, seed: int = 0) -> list[str]:
-    """`n` sentences from the three fact templates, deterministic for a seed."""
+def facts_corpus(n: int, seed: int = 0, sounds: dict[str, str] | None = None) -> list[str]:
+    """`n` sentences from the three fact templates, deterministic for a seed. `sounds` replaces
+    the animal -> sound table (it must name the same animals), e.g. `SWAPPED_SOUNDS`."""
     require_int("n", n, minimum=0)
+    sounds = ANIMAL_SOUNDS if sounds is None else sounds
+    if not isinstance(sounds, dict) or sorted(sounds) != _ANIMALS:
+        raise ValueError(f"sounds must be a dict with exactly these animals as keys: {_ANIMALS}")
     rng = random.Random(seed)
-    return [_fact(rng) for _ in range(n)]
+    return [_fact(rng, sounds) for _ in range(n)]
+
+
+def fact_is_true(sentence: str, sounds: dict[str, str] | None = None) -> bool:
+    """Is `sentence` one of the three templates, with every word from its lists and the right fact?
+
+    A generated sample is judged by this: False for a malformed sentence, a word the templates
+    never use, or a wrong fact (a dog that meows, under the default `sounds`)."""
+    sounds = ANIMAL_SOUNDS if sounds is None else sounds
+    w = sentence.split()
+    if len(w) == 8 and w[0] == "the" and w[4:6] == ["in", "the"] and w[7] == ".":
+        return w[1] in ADJECTIVES and w[2] in sounds and w[3] == sounds[w[2]] and w[6] in PLACES
+    if len(w) == 6 and w[0] == "a" and w[3] == "is" and w[5] == ".":
+        return w[1] in FRUIT_ADJ and w[2] in FRUIT_COLOURS and w[4] == FRUIT_COLOURS[w[2]]
+    if len(w) == 11 and w[1:4] == ["went", "to", "the"] and w[5] == "on" and w[7:9] == ["to", "buy"] and w[10] == ".":
+        return w[0] in NAMES and w[4] in SHOP_ITEMS and w[6] in DAYS and w[9] == SHOP_ITEMS[w[4]]
+    return False
 
 
 INTENTS = ("weather", "music", "alarm", "food")
@@ -138,3 +164,32 @@ class WordVocab:
 
     def decode(self, ids) -> list[str]:
         return [self.itos[int(i)] for i in ids]
+
+
+@dataclass
+class CharVocab:
+    """A character-level vocabulary: one id per distinct character, in sorted order."""
+
+    itos: list[str]
+
+    @classmethod
+    def build(cls, text: str) -> "CharVocab":
+        if not isinstance(text, str) or not text:
+            raise ValueError("text must be a non-empty string")
+        return cls(sorted(set(text)))
+
+    def __post_init__(self):
+        self.stoi = {c: i for i, c in enumerate(self.itos)}
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """(len(text),) int64 ids; a character outside the vocabulary raises, naming it."""
+        unknown = sorted(set(text) - set(self.stoi))
+        if unknown:
+            raise ValueError(f"text has characters outside the vocabulary: {unknown[:10]}")
+        return torch.tensor([self.stoi[c] for c in text], dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        return "".join(self.itos[int(i)] for i in ids)

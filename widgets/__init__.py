@@ -6,6 +6,8 @@ from widgets.bertviz_offline import head_view, model_view
 from widgets.live_loss import LossCurve
 from widgets.mask_explorer import MaskExplorer, MaskState, attention_heatmap, mask_explorer_figure
 from widgets.mlm_view import MLMState, MLMView, mlm_view_figure
+from widgets.sampling_knobs import SamplingKnobs, SamplingState, sampling_figure
 
-__all__ = ["LossCurve", "MLMState", "MLMView", "MaskExplorer", "MaskState", "attention_heatmap", "head_view",
-           "mask_explorer_figure", "mlm_view_figure", "model_view", "use_stable_renderer"]
+__all__ = ["LossCurve", "MLMState", "MLMView", "MaskExplorer", "MaskState", "SamplingKnobs", "SamplingState",
+           "attention_heatmap", "head_view", "mask_explorer_figure", "mlm_view_figure", "model_view", "sampling_figure",
+           "use_stable_renderer"]

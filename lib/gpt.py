@@ -1,0 +1,486 @@
+"""GPT from scratch: the causal decoder, checkpoint-compatible with Hugging Face GPT-2.
+
+Follows Radford et al. 2019 (GPT-2) and nanoGPT's `model.py`, parameter names as in
+`transformers.GPT2LMHeadModel` (so a GPT-2 state dict loads by name):
+
+    embeddings   x = wte(idx) + wpe(position)          learned absolute positions (GPT-2)
+                 or x = wte(idx), with RoPE applied to q and k in every layer (lib.rope)
+    each block   x = x + attn(ln_1(x))                  Pre-LN (GPT-2 normalises before)
+                 x = x + mlp(ln_2(x))                   mlp = c_proj(GELU(c_fc(x)))
+    attention    softmax(QKᵀ/√D + M)V with M causal: position t sees positions <= t only
+    head         logits = ln_f(x) · wteᵀ                tied to the token embedding
+
+Blocks take their attention and feed-forward as parts (`Block(config, attn=..., mlp=...)`, and
+`GPT(config, make_block=...)`), so later lessons can put a Mixture-of-Experts feed-forward or a
+state-space layer in the same skeleton.
+
+Attention comes two ways, equal in output (lesson 03 asserts it):
+    attention_backend="buffer"   the causal mask as a registered (T_max, T_max) lower-triangular
+                                 buffer, applied with masked_fill (the original GPT-2 / nanoGPT way)
+    any lib.attention backend    ("auto" = SDPA with is_causal=True, "naive", "chunked", ...)
+
+Also here: `clm_loss` (the next-token loss with its one-position shift), `get_batch`,
+`train_gpt`, `evaluate_loss`, and `generate` (greedy, temperature, top-k, top-p; with or without
+the KV cache of lib.kv_cache). Hugging Face stores GPT-2's projections as `Conv1D`, whose weight
+is the transpose of `nn.Linear`'s; `load_checkpoint` transposes them.
+
+Glossary: B batch, T tokens, C model width (n_embd), H heads, D = C / H head dim, L layers,
+V vocabulary, T_max the context length (block_size).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from numbers import Real
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lib._checks import require_int, require_rank, require_tensor
+from lib.attention import BACKENDS, attention
+from lib.kv_cache import KVCache
+from lib.rope import apply_rope, rope_cos_sin
+from lib.sampling import sample_next_token
+
+__all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "evaluate_loss", "generate",
+           "get_batch", "train_gpt"]
+
+POSITIONS = ("learned", "rope")
+ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF name -> F.gelu approximate
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257  # V
+    block_size: int = 1024  # T_max, the context (HF: n_positions)
+    n_layer: int = 12  # L
+    n_head: int = 12  # H
+    n_embd: int = 768  # C
+    dropout: float = 0.0  # on embeddings and residual branches (training only)
+    bias: bool = True
+    layer_norm_eps: float = 1e-5
+    activation: str = "gelu_new"  # GPT-2's tanh approximation of GELU
+    positions: str = "learned"  # "learned" (GPT-2) or "rope" (rotary, lib.rope)
+    rope_base: float = 10000.0
+    attention_backend: str = "auto"  # "buffer", or a lib.attention backend
+    causal: bool = True  # False removes the mask: only for lesson 03's leak demonstration
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            require_int(name, getattr(self, name), minimum=1)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.positions == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions: the head dim n_embd / n_head = "
+                             f"{self.n_embd // self.n_head} must be even")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.attention_backend not in ("buffer", "auto", *BACKENDS):
+            raise ValueError(f"attention_backend must be 'buffer', 'auto' or one of {sorted(BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def tiny(cls, vocab_size: int = 64, **changes) -> "GPTConfig":
+        """A GPT small enough to train in well under a minute on a laptop CPU."""
+        base = dict(vocab_size=vocab_size, block_size=64, n_layer=4, n_head=4, n_embd=128)
+        base.update(changes)
+        return cls(**base)
+
+    @classmethod
+    def from_huggingface(cls, hf_config) -> "GPTConfig":
+        """The fields of a `transformers.GPT2Config` (or its dict) that GPT-2 checkpoints use."""
+        d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
+        act = d.get("activation_function", "gelu_new")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"activation_function must be one of {sorted(ACTIVATIONS)}, got {act!r}")
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if d.get(flag):
+                raise ValueError(f"{flag}=True is not implemented here")
+        if d.get("n_inner") not in (None, 4 * d["n_embd"]):
+            raise ValueError(f"only n_inner = 4 * n_embd is implemented, got {d['n_inner']}")
+        return cls(vocab_size=d["vocab_size"], block_size=d["n_positions"], n_layer=d["n_layer"], n_head=d["n_head"],
+                   n_embd=d["n_embd"], layer_norm_eps=d.get("layer_norm_epsilon", 1e-5), activation=act, dropout=0.0)
+
+
+# --------------------------------------------------------------------------- parts
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention with the causal mask; reads and extends a KV cache if given."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        C = config.n_embd
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.backend, self.causal = config.attention_backend, config.causal
+        self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)  # q, k, v for all heads in one matmul
+        self.c_proj = nn.Linear(C, C, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        if self.backend == "buffer":
+            # 1 where query row t may see key column s (s <= t). A buffer so it moves with .to(),
+            # non-persistent so it stays out of the state dict (GPT-2 checkpoints differ on it).
+            tril = torch.tril(torch.ones(config.block_size, config.block_size))
+            self.register_buffer("bias", tril.view(1, 1, config.block_size, config.block_size), persistent=False)
+
+    def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        B, T, C = x.size()
+        H, D = self.n_head, self.head_dim
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
+        k = k.view(B, T, H, D).transpose(1, 2)
+        v = v.view(B, T, H, D).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # rotate by absolute position start + t
+        if cache is not None:
+            k, v = cache.update(start, k, v)  # (B, H, S, D), S = start + T: every position so far
+        if self.backend == "buffer":
+            S = k.size(2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))  # (B, H, T, S)
+            if self.causal:  # rows S-T..S-1 of the mask: the queries are the last T positions
+                att = att.masked_fill(self.bias[:, :, S - T:S, :S] == 0, float("-inf"))
+            y = F.softmax(att, dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
+        else:
+            y = attention(q, k, v, causal=self.causal, backend=self.backend)  # (B, H, T, D)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """The position-wise feed-forward: C -> 4C -> GELU -> C."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.approximate = ACTIVATIONS[config.activation]
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
+
+
+class Block(nn.Module):
+    """A Pre-LN decoder block. `attn` and `mlp` default to CausalSelfAttention and MLP; any
+    module with the same call signature fits (an MoE feed-forward, a state-space mixer)."""
+
+    def __init__(self, config: GPTConfig, attn: nn.Module | None = None, mlp: nn.Module | None = None):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.attn = attn if attn is not None else CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.mlp = mlp if mlp is not None else MLP(config)
+
+    def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0, rope=None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache=cache, start=start, rope=rope)
+        return x + self.mlp(self.ln_2(x))
+
+
+# --------------------------------------------------------------------------- the model
+class GPT(nn.Module):
+    """The decoder. `forward(idx)` returns logits (B, T, V); `forward(idx, targets)` returns
+    (logits, loss), where targets[b, t] is the token that follows idx[b, t] (−100 = ignore)."""
+
+    def __init__(self, config: GPTConfig, make_block: Callable[[GPTConfig, int], nn.Module] | None = None):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        C = config.n_embd
+        parts = dict(wte=nn.Embedding(config.vocab_size, C))
+        if config.positions == "learned":
+            parts["wpe"] = nn.Embedding(config.block_size, C)
+        make_block = make_block or (lambda cfg, i: Block(cfg))
+        parts.update(drop=nn.Dropout(config.dropout),
+                     h=nn.ModuleList([make_block(config, i) for i in range(config.n_layer)]),
+                     ln_f=nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias))
+        self.transformer = nn.ModuleDict(parts)
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied: one (V, C) matrix reads and writes tokens
+        if config.positions == "rope":
+            cos, sin = rope_cos_sin(config.block_size, config.head_dim, base=config.rope_base)  # (T_max, D) each
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        # GPT-2's scaled init: each residual branch's output projection gets std 0.02 / sqrt(2L),
+        # so the residual stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_parameters(self, include_positions: bool = True) -> int:
+        """Distinct parameters (the tied head counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        if not include_positions and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def new_caches(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
+        """One empty KV cache per layer, on the model's device and dtype."""
+        max_len = self.config.block_size if max_len is None else max_len
+        require_int("max_len", max_len, minimum=1)
+        if max_len > self.config.block_size:
+            raise ValueError(f"max_len must be <= block_size={self.config.block_size}, got {max_len}")
+        w = self.transformer.wte.weight
+        return [KVCache(batch_size, self.config.n_head, max_len, self.config.head_dim, dtype=w.dtype, device=w.device)
+                for _ in range(self.config.n_layer)]
+
+    def _check_idx(self, idx, start: int) -> None:
+        require_tensor("idx", idx)
+        require_rank("idx", idx, 2, "(B, T)")
+        if idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"idx must be an int64 (or int32) tensor of token ids, got {idx.dtype}")
+        B, T = idx.shape
+        if B == 0 or T == 0:
+            raise ValueError(f"idx must hold at least one token, got shape {tuple(idx.shape)}")
+        if start + T > self.config.block_size:
+            raise ValueError(f"idx has T={T} tokens from position {start}, past the context block_size="
+                             f"{self.config.block_size}")
+        if bool((idx < 0).any()) or bool((idx >= self.config.vocab_size).any()):
+            raise ValueError(f"idx must lie in [0, vocab_size={self.config.vocab_size}), "
+                             f"got min {int(idx.min())}, max {int(idx.max())}")
+        if idx.device != self.transformer.wte.weight.device:
+            raise ValueError(f"idx must be on the model's device {self.transformer.wte.weight.device}, got {idx.device}")
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                caches: list[KVCache] | None = None, start: int = 0):
+        """idx (B, T) token ids at positions start..start+T-1. With `caches` (from `new_caches`),
+        earlier positions' keys and values come from the caches and these are appended."""
+        require_int("start", start, minimum=0)
+        self._check_idx(idx, start)
+        if caches is not None and len(caches) != self.config.n_layer:
+            raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
+        if start and caches is None:
+            raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
+        B, T = idx.shape
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
+        if self.config.positions == "learned":
+            x = x + self.transformer.wpe(pos)  # (T, C) broadcast over B
+        else:
+            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])  # (T, D) each
+        x = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, cache=None if caches is None else caches[i], start=start, rope=rope)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        require_tensor("targets", targets)
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have idx's shape (B, T) = {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
+        return logits, loss
+
+    # ----------------------------------------------------------------------- loading
+    CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+    def load_checkpoint(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load a Hugging Face GPT2LMHeadModel (or GPT2Model) state dict. Its Conv1D weights are
+        stored (in, out) and are transposed to nn.Linear's (out, in). Any misfit raises a
+        ValueError listing missing keys, unexpected keys and shape mismatches."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict of tensors, got {type(state_dict).__name__}")
+        theirs = {}
+        for key, value in state_dict.items():
+            key = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
+            if key.endswith((".attn.bias", ".attn.masked_bias")):
+                continue  # old checkpoints store the causal mask itself; ours is rebuilt
+            theirs[key] = value.t() if key.endswith(self.CONV1D) else value
+        theirs.setdefault("lm_head.weight", theirs.get("transformer.wte.weight"))
+        ours = self.state_dict()
+        missing = sorted(set(ours) - set(theirs))
+        unexpected = sorted(set(theirs) - set(ours))
+        mismatched = [f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(ours[k].shape)}"
+                      for k in sorted(set(ours) & set(theirs)) if theirs[k].shape != ours[k].shape]
+        if missing or unexpected or mismatched:
+            parts = [f"{what} ({len(items)}): {items[:6]}{' …' if len(items) > 6 else ''}"
+                     for what, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                                         ("shape mismatches", mismatched)) if items]
+            raise ValueError("the state dict does not fit this GPTConfig: " + "; ".join(parts))
+        if not torch.equal(theirs["lm_head.weight"], theirs["transformer.wte.weight"]):
+            raise ValueError("lm_head.weight differs from transformer.wte.weight: this GPT ties them")
+        self.load_state_dict(theirs, strict=True)
+
+    @classmethod
+    def from_huggingface(cls, model, **changes) -> "GPT":
+        """A `GPT` with the config and weights of a `transformers.GPT2LMHeadModel`, in eval mode.
+        `changes` override config fields that don't touch the weights (e.g. attention_backend)."""
+        if not hasattr(model, "config") or not hasattr(model, "state_dict"):
+            raise TypeError(f"model must be a transformers.GPT2LMHeadModel, got {type(model).__name__}")
+        config = GPTConfig.from_huggingface(model.config)
+        for name, value in changes.items():
+            if name not in {f.name for f in fields(GPTConfig)}:
+                raise TypeError(f"unknown GPTConfig field {name!r}")
+            setattr(config, name, value)
+        config.__post_init__()
+        gpt = cls(config)
+        gpt.load_checkpoint(model.state_dict())
+        return gpt.eval()
+
+
+# --------------------------------------------------------------------------- the loss
+def clm_loss(logits: torch.Tensor, idx: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Causal-LM loss over one sequence batch: position t predicts token t + 1.
+
+    logits (B, T, V) from running the model on idx (B, T). The shift drops the last position's
+    logits (nothing follows it) and the first token (nothing predicts it): T - 1 predictions per
+    row, all trained by one forward pass because the causal mask keeps each from seeing its answer.
+    """
+    require_tensor("logits", logits, floating=True)
+    require_rank("logits", logits, 3, "(B, T, V)")
+    require_tensor("idx", idx)
+    if idx.shape != logits.shape[:2]:
+        raise ValueError(f"idx must have shape (B, T) = {tuple(logits.shape[:2])}, got {tuple(idx.shape)}")
+    if idx.shape[1] < 2:
+        raise ValueError(f"idx needs T >= 2 tokens for a next-token loss, got T={idx.shape[1]}")
+    V = logits.shape[-1]
+    pred = logits[:, :-1].reshape(-1, V)  # (B, T-1, V) -> (B(T-1), V): predictions for positions 1..T-1
+    target = idx[:, 1:].reshape(-1)  # (B(T-1),): the tokens that actually came next
+    return F.cross_entropy(pred, target, ignore_index=ignore_index)
+
+
+# --------------------------------------------------------------------------- training
+def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator | None = None):
+    """Random windows of a 1-D token stream: x (B, T) and y (B, T) = x shifted by one."""
+    require_tensor("data", data)
+    require_rank("data", data, 1, "(N,) a 1-D stream of token ids")
+    require_int("batch_size", batch_size, minimum=1)
+    require_int("seq_len", seq_len, minimum=1)
+    if len(data) < seq_len + 1:
+        raise ValueError(f"data must hold more than seq_len={seq_len} tokens, got {len(data)}")
+    starts = torch.randint(len(data) - seq_len, (batch_size,), generator=generator)
+    offsets = torch.arange(seq_len)
+    x = data[starts[:, None] + offsets]  # (B, T)
+    y = data[starts[:, None] + offsets + 1]  # (B, T): the next token at every position
+    return x, y
+
+
+def train_gpt(model: GPT, data: torch.Tensor, *, steps: int = 500, batch_size: int = 32, seq_len: int | None = None,
+              lr: float = 3e-3, weight_decay: float = 0.1, warmup: int | None = None, seed: int = 0,
+              on_step=None) -> list[float]:
+    """Next-token training on random windows of `data` (a 1-D token stream).
+
+    AdamW on the parameters that require grad (so a LoRA-wrapped model trains only its adapters),
+    linear warm-up over `warmup` steps (default 5%), then cosine decay to 10% of `lr`.
+    `on_step(step, loss)` is called after each step. Returns every step's loss.
+    """
+    require_int("steps", steps, minimum=1)
+    seq_len = model.config.block_size if seq_len is None else seq_len
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no parameter with requires_grad=True: nothing to train")
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    warmup = max(1, steps // 20) if warmup is None else warmup
+
+    def schedule(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        progress = (s - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    model.train()
+    losses = []
+    for step in range(steps):
+        x, y = get_batch(data, batch_size, seq_len, g)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def evaluate_loss(model: GPT, data: torch.Tensor, *, batches: int = 8, batch_size: int = 32,
+                  seq_len: int | None = None, seed: int = 1234) -> float:
+    """Mean next-token loss (nats per token) on `batches` seeded random windows of `data`."""
+    require_int("batches", batches, minimum=1)
+    seq_len = model.config.block_size if seq_len is None else seq_len
+    g = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for _ in range(batches):
+        x, y = get_batch(data, batch_size, seq_len, g)
+        total += model(x, y)[1].item()
+    model.train(was_training)
+    return total / batches
+
+
+# --------------------------------------------------------------------------- generation
+def _check_sampling(temperature, top_k, top_p) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, Real) or not math.isfinite(temperature):
+        raise TypeError(f"temperature must be a finite real number >= 0 (0 = greedy), got {temperature!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None:
+        require_int("top_k", top_k, minimum=1)
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, Real):
+            raise TypeError(f"top_p must be a real number in (0, 1], got {top_p!r}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+@torch.no_grad()
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Extend idx (B, T) by `max_new_tokens` sampled tokens -> (B, T + max_new_tokens).
+
+    temperature 0 is greedy (argmax). With `use_cache`, the prompt is run once (prefill) and each
+    new token alone (decode) against the layers' KV caches; without it, the whole sequence is run
+    again for every token. Both compute the same logits; the cache does less work.
+    Sampling draws from `generator` only, so a seeded generator reproduces the tokens.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a lib.gpt.GPT, got {type(model).__name__}")
+    require_int("max_new_tokens", max_new_tokens, minimum=0)
+    _check_sampling(temperature, top_k, top_p)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    model._check_idx(idx, 0)
+    B, T = idx.shape
+    if T + max_new_tokens > model.config.block_size:
+        raise ValueError(f"idx has T={T} tokens; with max_new_tokens={max_new_tokens} that passes the context "
+                         f"block_size={model.config.block_size}")
+    was_training = model.training
+    model.eval()
+    out = [idx]
+    caches = model.new_caches(B, T + max_new_tokens) if use_cache else None
+    logits = model(idx, caches=caches)[:, -1]  # (B, V): prefill; the last position predicts the next token
+    for step in range(max_new_tokens):
+        nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
+        out.append(nxt[:, None].to(idx.dtype))
+        if step == max_new_tokens - 1:
+            break
+        if use_cache:
+            logits = model(out[-1], caches=caches, start=T + step)[:, -1]  # decode: one token, cached keys
+        else:
+            logits = model(torch.cat(out, dim=1))[:, -1]  # recompute the whole prefix
+    model.train(was_training)
+    return torch.cat(out, dim=1)

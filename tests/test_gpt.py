@@ -1,0 +1,256 @@
+"""lib.gpt is GPT-2 (logits equal Hugging Face's), its mask keeps the future out, its two attention
+paths agree, its cached generation equals the uncached one, and bad input gets clear errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging as hf_logging
+
+from lib.gpt import GPT, Block, GPTConfig, clm_loss, evaluate_loss, generate, get_batch, train_gpt
+from lib.kv_cache import KVCache
+
+hf_logging.set_verbosity_error()  # a tiny vocabulary makes HF warn that GPT-2's bos/eos ids are out of range
+
+
+def hf_gpt2(seed=0, **changes):
+    torch.manual_seed(seed)
+    cfg = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=101, n_positions=40, resid_pdrop=0.0, embd_pdrop=0.0,
+               attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg.update(changes)
+    model = GPT2LMHeadModel(GPT2Config(**cfg)).eval()
+    with torch.no_grad():  # HF zero-initialises biases and LayerNorms: perturb them so a mixed-up bias or transpose shows
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("backend", ["auto", "buffer", "naive", "chunked"])
+def test_logits_match_huggingface_gpt2(backend):
+    hf = hf_gpt2()
+    ours = GPT.from_huggingface(hf, attention_backend=backend)
+    idx = torch.randint(101, (3, 37), generator=torch.Generator().manual_seed(1))  # T not a power of two
+    with torch.no_grad():
+        expected = hf(idx).logits
+        got = ours(idx)
+    # fp32: the same matmuls and LayerNorms in a different association order; observed ~1e-6.
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_checkpoint_names_are_huggingface_names():
+    hf = hf_gpt2()
+    ours = GPT(GPTConfig.from_huggingface(hf.config))
+    assert set(ours.state_dict()) == set(hf.state_dict())
+    # Conv1D stores (in, out); nn.Linear (out, in): the loader transposes exactly these four
+    w = dict(GPT.from_huggingface(hf).named_parameters())
+    assert torch.equal(w["transformer.h.0.attn.c_attn.weight"], hf.transformer.h[0].attn.c_attn.weight.t())
+
+
+def test_head_is_tied_to_token_embedding():
+    model = GPT(GPTConfig.tiny())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert model.num_parameters() == sum(p.numel() for p in set(model.parameters()))
+
+
+def test_misfit_checkpoint_is_reported():
+    hf = hf_gpt2()
+    model = GPT(GPTConfig.tiny(vocab_size=101, n_layer=3, n_embd=64, block_size=40))
+    with pytest.raises(ValueError, match="missing keys.*h.2"):
+        model.load_checkpoint(hf.state_dict())
+    sd = dict(hf.state_dict())
+    sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][:10]
+    with pytest.raises(ValueError, match="shape mismatches"):
+        GPT(GPTConfig.from_huggingface(hf.config)).load_checkpoint(sd)
+    with pytest.raises(TypeError, match="GPT2LMHeadModel"):
+        GPT.from_huggingface("gpt2")
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_buffer_mask_and_sdpa_is_causal_agree(positions):
+    torch.manual_seed(0)
+    a = GPT(GPTConfig.tiny(positions=positions, attention_backend="buffer")).eval()
+    b = GPT(GPTConfig.tiny(positions=positions, attention_backend="sdpa")).eval()
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(64, (2, 45), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        # fp32: two softmax implementations over the same scores; observed < 1e-6
+        torch.testing.assert_close(a(idx), b(idx), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+@pytest.mark.parametrize("backend", ["buffer", "auto"])
+def test_changing_a_future_token_never_changes_earlier_logits(positions, backend):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(positions=positions, attention_backend=backend)).eval()
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(64, (1, 30), generator=g)
+    for t in (0, 11, 29):
+        changed = idx.clone()
+        changed[0, t:] = torch.randint(64, (30 - t,), generator=g)
+        with torch.no_grad():
+            before, after = model(idx), model(changed)
+        assert torch.equal(before[:, :t], after[:, :t])  # bit-identical: the mask makes them independent
+        if t < 29:
+            assert not torch.allclose(before[:, t:], after[:, t:])
+
+
+def test_without_the_mask_the_past_sees_the_future():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(causal=False)).eval()
+    idx = torch.randint(64, (1, 20), generator=torch.Generator().manual_seed(0))
+    changed = idx.clone()
+    changed[0, -1] = (idx[0, -1] + 1) % 64
+    with torch.no_grad():
+        assert not torch.allclose(model(idx)[:, 0], model(changed)[:, 0])
+
+
+def test_shifted_loss_equals_forward_with_shifted_targets():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny()).eval()
+    idx = torch.randint(64, (3, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(idx)
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    torch.testing.assert_close(clm_loss(logits, idx), loss, atol=1e-6, rtol=1e-6)
+    by_hand = torch.stack([F.cross_entropy(logits[b, t], idx[b, t + 1]) for b in range(3) for t in range(16)]).mean()
+    torch.testing.assert_close(clm_loss(logits, idx), by_hand, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="T >= 2"):
+        clm_loss(logits[:, :1], idx[:, :1])
+
+
+def test_get_batch_targets_are_inputs_shifted_by_one():
+    data = torch.arange(100)
+    x, y = get_batch(data, 8, 10, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (8, 10)
+    assert torch.equal(y, x + 1)
+    with pytest.raises(ValueError, match="seq_len"):
+        get_batch(torch.arange(5), 2, 5)
+
+
+def test_training_learns_a_deterministic_sequence():
+    data = torch.arange(200) % 13  # a cycle: every next token is fully determined by the current one
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(vocab_size=13, block_size=16, n_layer=2, n_embd=32))
+    before = evaluate_loss(model, data, batch_size=8)
+    losses = train_gpt(model, data, steps=60, batch_size=16, lr=1e-2, seed=0)
+    after = evaluate_loss(model, data, batch_size=8)
+    assert len(losses) == 60 and not model.training
+    assert before > 2.0 and after < 0.1  # ln 13 = 2.56 at chance; a learned cycle is near 0
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+@pytest.mark.parametrize("backend", ["buffer", "auto", "chunked"])
+def test_cached_generation_matches_uncached(positions, backend):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(positions=positions, attention_backend=backend, block_size=48))
+    idx = torch.randint(64, (2, 7), generator=torch.Generator().manual_seed(0))
+    greedy_cached = generate(model, idx, 30, temperature=0.0, use_cache=True)
+    greedy_plain = generate(model, idx, 30, temperature=0.0, use_cache=False)
+    assert torch.equal(greedy_cached, greedy_plain)
+    assert torch.equal(greedy_cached[:, :7], idx)
+    kwargs = dict(temperature=0.9, top_k=20, top_p=0.9)
+    a = generate(model, idx, 30, use_cache=True, generator=torch.Generator().manual_seed(5), **kwargs)
+    b = generate(model, idx, 30, use_cache=False, generator=torch.Generator().manual_seed(5), **kwargs)
+    assert torch.equal(a, b)
+
+
+def test_cached_logits_equal_full_forward_logits():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(positions="rope")).eval()
+    idx = torch.randint(64, (2, 12), generator=torch.Generator().manual_seed(0))
+    caches = model.new_caches(2, 12)
+    with torch.no_grad():
+        full = model(idx)
+        parts = [model(idx[:, :5], caches=caches)] + [model(idx[:, t:t + 1], caches=caches, start=t) for t in range(5, 12)]
+    # fp32: one query row at a time vs all rows at once; observed ~1e-6
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert all(c.length == 12 for c in caches)
+
+
+def test_generation_is_reproducible_with_a_seeded_generator():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny())
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    a = generate(model, idx, 20, generator=torch.Generator().manual_seed(1))
+    b = generate(model, idx, 20, generator=torch.Generator().manual_seed(1))
+    c = generate(model, idx, 20, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.shape == (1, 21)
+    assert torch.equal(generate(model, idx, 0), idx)
+
+
+def test_generate_restores_training_mode():
+    model = GPT(GPTConfig.tiny()).train()
+    generate(model, torch.zeros(1, 2, dtype=torch.long), 3)
+    assert model.training
+
+
+def test_bad_generate_input_is_refused_clearly():
+    model = GPT(GPTConfig.tiny(block_size=16))
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="block_size"):
+        generate(model, torch.zeros(1, 17, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match="block_size"):
+        generate(model, idx, 13)
+    with pytest.raises(TypeError, match="idx must be an int64"):
+        generate(model, idx.float(), 2)
+    with pytest.raises(ValueError, match=r"idx must have shape \(B, T\)"):
+        generate(model, idx[0], 2)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, idx, 2, temperature=-0.5)
+    with pytest.raises(ValueError, match="top_k"):
+        generate(model, idx, 2, top_k=0)
+    with pytest.raises(TypeError, match="top_k"):
+        generate(model, idx, 2, top_k=2.5)
+    for p in (0.0, 1.5):
+        with pytest.raises(ValueError, match="top_p"):
+            generate(model, idx, 2, top_p=p)
+    with pytest.raises(ValueError, match="vocab_size"):
+        generate(model, torch.full((1, 3), 64), 2)
+    with pytest.raises(TypeError, match="generator"):
+        generate(model, idx, 2, generator=3)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, idx, -1)
+
+
+def test_bad_config_is_refused_clearly():
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(n_embd=30, n_head=4)
+    with pytest.raises(ValueError, match="positions"):
+        GPTConfig(positions="alibi")
+    with pytest.raises(ValueError, match="even"):
+        GPTConfig(n_embd=12, n_head=4, positions="rope")
+    with pytest.raises(ValueError, match="attention_backend"):
+        GPTConfig(attention_backend="magic")
+    with pytest.raises(ValueError, match="start > 0 needs caches"):
+        GPT(GPTConfig.tiny())(torch.zeros(1, 2, dtype=torch.long), start=3)
+
+
+def test_blocks_take_their_parts():
+    class Doubling(torch.nn.Module):
+        def forward(self, x):
+            return 2 * x
+
+    cfg = GPTConfig.tiny(n_layer=2)
+    model = GPT(cfg, make_block=lambda c, i: Block(c, mlp=Doubling()) if i == 1 else Block(c))
+    assert isinstance(model.transformer.h[1].mlp, Doubling)
+    assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 64)
+
+
+def test_kv_cache_writes_in_order_and_refuses_gaps_and_overflow():
+    cache = KVCache(2, 3, 8, 4)
+    k = torch.randn(2, 3, 5, 4)
+    k_all, v_all = cache.update(0, k, -k)
+    assert torch.equal(k_all, k) and torch.equal(v_all, -k) and cache.length == 5
+    k2 = torch.randn(2, 3, 1, 4)
+    k_all, _ = cache.update(5, k2, k2)
+    assert torch.equal(k_all, torch.cat([k, k2], dim=2))
+    with pytest.raises(ValueError, match="no gaps"):
+        cache.update(7, k2, k2)
+    with pytest.raises(ValueError, match="overflow"):
+        cache.update(6, torch.randn(2, 3, 3, 4), torch.randn(2, 3, 3, 4))
+    with pytest.raises(ValueError, match=r"\(B, H_kv, T, D\)"):
+        cache.update(6, torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4))
+    cache.reset()
+    assert cache.length == 0
