@@ -6,7 +6,7 @@ sides of a gap, which is what a masked-LM objective rewards:
 
     "the dog barks in the garden ."     the sound depends on the animal (and vice versa)
     "a ripe banana is yellow ."         the colour depends on the fruit
-    "ana went to the bakery to buy bread ."   the item depends on the shop
+    "ana went to the bakery on friday to buy bread ."   the item depends on the shop
 
 `intent_dataset` makes labelled requests (weather / music / alarm / food) for the fine-tuning
 pattern of lesson 02. `CharVocab` turns text into a stream of character ids for lesson 03's small
@@ -38,7 +38,7 @@ ADJECTIVES = ["old", "young", "small", "big", "happy", "sleepy"]
 FRUIT_ADJ = ["ripe", "fresh", "small", "sweet"]
 DAYS = ["monday", "tuesday", "friday", "sunday"]
 _ANIMALS = sorted(ANIMAL_SOUNDS)
-# Each animal makes the sound of the next animal in alphabetical order (the cat barks, ...).
+# Each animal makes the sound of the next animal in alphabetical order (the cat moos, ...).
 SWAPPED_SOUNDS = {a: ANIMAL_SOUNDS[_ANIMALS[(i + 1) % len(_ANIMALS)]] for i, a in enumerate(_ANIMALS)}
 
 

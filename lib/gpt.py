@@ -16,7 +16,8 @@ state-space layer in the same skeleton.
 
 Attention comes two ways, equal in output (lesson 03 asserts it):
     attention_backend="buffer"   the causal mask as a registered (T_max, T_max) lower-triangular
-                                 buffer, applied with masked_fill (the original GPT-2 / nanoGPT way)
+                                 buffer, applied with masked_fill (Hugging Face's GPT-2 port and
+                                 nanoGPT do this; OpenAI's TensorFlow code built it on the fly)
     any lib.attention backend    ("auto" = SDPA with is_causal=True, "naive", "chunked", ...)
 
 Also here: `clm_loss` (the next-token loss with its one-position shift), `get_batch`,
@@ -107,6 +108,8 @@ class GPTConfig:
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if d.get(flag):
                 raise ValueError(f"{flag}=True is not implemented here")
+        if not d.get("scale_attn_weights", True):
+            raise ValueError("scale_attn_weights=False (scores not divided by √D) is not implemented here")
         if d.get("n_inner") not in (None, 4 * d["n_embd"]):
             raise ValueError(f"only n_inner = 4 * n_embd is implemented, got {d['n_inner']}")
         return cls(vocab_size=d["vocab_size"], block_size=d["n_positions"], n_layer=d["n_layer"], n_head=d["n_head"],
@@ -264,8 +267,11 @@ class GPT(nn.Module):
         earlier positions' keys and values come from the caches and these are appended."""
         require_int("start", start, minimum=0)
         self._check_idx(idx, start)
-        if caches is not None and len(caches) != self.config.n_layer:
-            raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
+        if caches is not None:
+            if len(caches) != self.config.n_layer:
+                raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
+            if caches[0].k.shape[0] != idx.shape[0]:
+                raise ValueError(f"caches were built for batch size {caches[0].k.shape[0]}, idx has batch size {idx.shape[0]}")
         if start and caches is None:
             raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
         B, T = idx.shape
@@ -282,9 +288,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
-        require_tensor("targets", targets)
-        if targets.shape != idx.shape:
-            raise ValueError(f"targets must have idx's shape (B, T) = {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        _check_targets("targets", targets, tuple(idx.shape), self.config.vocab_size)
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
         return logits, loss
 
@@ -303,7 +307,8 @@ class GPT(nn.Module):
             if key.endswith((".attn.bias", ".attn.masked_bias")):
                 continue  # old checkpoints store the causal mask itself; ours is rebuilt
             theirs[key] = value.t() if key.endswith(self.CONV1D) else value
-        theirs.setdefault("lm_head.weight", theirs.get("transformer.wte.weight"))
+        if "transformer.wte.weight" in theirs:
+            theirs.setdefault("lm_head.weight", theirs["transformer.wte.weight"])
         ours = self.state_dict()
         missing = sorted(set(ours) - set(theirs))
         unexpected = sorted(set(theirs) - set(ours))
@@ -314,14 +319,15 @@ class GPT(nn.Module):
                      for what, items in (("missing keys", missing), ("unexpected keys", unexpected),
                                          ("shape mismatches", mismatched)) if items]
             raise ValueError("the state dict does not fit this GPTConfig: " + "; ".join(parts))
-        if not torch.equal(theirs["lm_head.weight"], theirs["transformer.wte.weight"]):
+        if not torch.equal(theirs["lm_head.weight"].cpu(), theirs["transformer.wte.weight"].cpu()):
             raise ValueError("lm_head.weight differs from transformer.wte.weight: this GPT ties them")
         self.load_state_dict(theirs, strict=True)
 
     @classmethod
     def from_huggingface(cls, model, **changes) -> "GPT":
-        """A `GPT` with the config and weights of a `transformers.GPT2LMHeadModel`, in eval mode.
-        `changes` override config fields that don't touch the weights (e.g. attention_backend)."""
+        """A `GPT` with the config and weights of a `transformers.GPT2LMHeadModel`, in eval mode,
+        on the model's device and in its dtype. `changes` override config fields that don't touch
+        the weights (e.g. attention_backend)."""
         if not hasattr(model, "config") or not hasattr(model, "state_dict"):
             raise TypeError(f"model must be a transformers.GPT2LMHeadModel, got {type(model).__name__}")
         config = GPTConfig.from_huggingface(model.config)
@@ -330,12 +336,26 @@ class GPT(nn.Module):
                 raise TypeError(f"unknown GPTConfig field {name!r}")
             setattr(config, name, value)
         config.__post_init__()
+        weight = next(model.parameters())
         gpt = cls(config)
-        gpt.load_checkpoint(model.state_dict())
-        return gpt.eval()
+        gpt.load_checkpoint({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()})
+        return gpt.to(device=weight.device, dtype=weight.dtype).eval()
 
 
 # --------------------------------------------------------------------------- the loss
+def _check_targets(name: str, t, shape: tuple, V: int, ignore_index: int = -100) -> None:
+    """Token ids the loss scores against: integer, the given (B, T) shape, in [0, V) or ignore_index."""
+    require_tensor(name, t)
+    if t.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an int64 (or int32) tensor of token ids, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape (B, T) = {shape}, got {tuple(t.shape)}")
+    bad = (t != ignore_index) & ((t < 0) | (t >= V))
+    if bool(bad.any()):
+        raise ValueError(f"{name} must lie in [0, V={V}) (or be {ignore_index} to skip a position), "
+                         f"got {int(t[bad][0])}")
+
+
 def clm_loss(logits: torch.Tensor, idx: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """Causal-LM loss over one sequence batch: position t predicts token t + 1.
 
@@ -345,9 +365,7 @@ def clm_loss(logits: torch.Tensor, idx: torch.Tensor, ignore_index: int = -100) 
     """
     require_tensor("logits", logits, floating=True)
     require_rank("logits", logits, 3, "(B, T, V)")
-    require_tensor("idx", idx)
-    if idx.shape != logits.shape[:2]:
-        raise ValueError(f"idx must have shape (B, T) = {tuple(logits.shape[:2])}, got {tuple(idx.shape)}")
+    _check_targets("idx", idx, tuple(logits.shape[:2]), logits.shape[-1], ignore_index)
     if idx.shape[1] < 2:
         raise ValueError(f"idx needs T >= 2 tokens for a next-token loss, got T={idx.shape[1]}")
     V = logits.shape[-1]
@@ -464,6 +482,11 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     model._check_idx(idx, 0)
+    if generator is not None and generator.device.type != idx.device.type:
+        raise ValueError(f"generator must be on idx's device ({idx.device}), got a {generator.device} generator")
+    if use_cache and not model.config.causal:
+        raise ValueError("use_cache=True needs a causal model: without the mask, earlier positions' keys would "
+                         "change with every new token, so cached ones are stale (pass use_cache=False)")
     B, T = idx.shape
     if T + max_new_tokens > model.config.block_size:
         raise ValueError(f"idx has T={T} tokens; with max_new_tokens={max_new_tokens} that passes the context "

@@ -197,6 +197,9 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: 
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
+    # Subtracting each row's max changes no probability and no filter decision, and keeps a tiny
+    # temperature from turning the largest logits into +inf (softmax would then give NaN).
+    logits = logits - logits.amax(dim=-1, keepdim=True)
     z = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)  # (B, V)
     probs = torch.softmax(z.float(), dim=-1)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B, 1) -> (B,)
@@ -229,7 +232,7 @@ def next_token_distribution(logits: torch.Tensor, *, temperature: float = 1.0, t
         p = one_hot.float()
         return {"p_raw": p_raw, "p_tempered": p, "kept_by_top_k": all_true, "kept_by_top_p": all_true.clone(),
                 "kept": one_hot, "p_final": p.clone()}
-    z = apply_temperature(logits, temperature)
+    z = apply_temperature(logits - logits.max(), temperature)  # shifted: see sample_next_token
     zk = top_k_filter(z, top_k) if top_k is not None else z
     zp = top_p_filter(zk, top_p) if top_p is not None else zk
     alive, alive_k, alive_p = z > NEG_INF, zk > NEG_INF, zp > NEG_INF

@@ -48,9 +48,45 @@ def test_checkpoint_names_are_huggingface_names():
 
 
 def test_head_is_tied_to_token_embedding():
-    model = GPT(GPTConfig.tiny())
+    cfg = GPTConfig.tiny()
+    model = GPT(cfg)
     assert model.lm_head.weight is model.transformer.wte.weight
-    assert model.num_parameters() == sum(p.numel() for p in set(model.parameters()))
+    untied = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    assert model.num_parameters() == untied - cfg.vocab_size * cfg.n_embd  # the (V, C) matrix counted once
+
+
+def test_a_gpt2model_state_dict_loads_too():
+    hf = hf_gpt2()
+    body = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items() if k.startswith("transformer.")}
+    ours = GPT(GPTConfig.from_huggingface(hf.config))
+    ours.load_checkpoint(body)  # no prefix, no lm_head: the head is the tied embedding
+    idx = torch.randint(101, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(idx), hf(idx).logits, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="missing keys"):
+        ours.load_checkpoint({k: v for k, v in body.items() if k != "wte.weight"})
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_pytorch_tanh"])
+def test_activation_names_map_to_the_same_gelu(act):
+    hf = hf_gpt2(activation_function=act)
+    ours = GPT.from_huggingface(hf)
+    idx = torch.randint(101, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits, atol=1e-5, rtol=0)
+
+
+def test_unsupported_huggingface_options_are_refused():
+    for changes in (dict(scale_attn_weights=False), dict(scale_attn_by_inverse_layer_idx=True),
+                    dict(activation_function="relu"), dict(n_inner=100)):
+        with pytest.raises(ValueError):
+            GPT.from_huggingface(hf_gpt2(**changes))
+
+
+def test_from_huggingface_keeps_dtype():
+    hf = hf_gpt2().to(torch.bfloat16)
+    ours = GPT.from_huggingface(hf)
+    assert ours.transformer.wte.weight.dtype == torch.bfloat16 and ours.lm_head.weight is ours.transformer.wte.weight
 
 
 def test_misfit_checkpoint_is_reported():
@@ -212,6 +248,29 @@ def test_bad_generate_input_is_refused_clearly():
         generate(model, idx, 2, generator=3)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, idx, -1)
+
+
+def test_bad_targets_and_caches_are_refused_clearly():
+    model = GPT(GPTConfig.tiny())
+    idx = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(TypeError, match="targets must be an int64"):
+        model(idx, idx.float())
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, V=64\)"):
+        model(idx, torch.full((2, 5), 64))
+    _, loss = model(idx, torch.full((2, 5), -100).index_fill(1, torch.tensor([0]), 3))  # -100 = skip
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match="idx must lie in"):
+        clm_loss(torch.randn(2, 5, 64), torch.full((2, 5), 70))
+    with pytest.raises(ValueError, match="batch size 3"):
+        model(idx, caches=model.new_caches(3, 8))
+
+
+def test_cached_generation_needs_a_causal_model():
+    model = GPT(GPTConfig.tiny(causal=False))
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="causal"):
+        generate(model, idx, 2)
+    assert generate(model, idx, 2, use_cache=False).shape == (1, 5)
 
 
 def test_bad_config_is_refused_clearly():

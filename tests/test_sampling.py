@@ -232,7 +232,11 @@ def test_next_token_distribution_is_the_sampled_distribution(knobs):
     assert torch.allclose(d["p_raw"], torch.softmax(logits, -1))
     assert math.isclose(d["p_final"].sum().item(), 1.0, rel_tol=1e-6)
     assert (d["p_final"][~d["kept"]] == 0).all() and (d["p_final"][d["kept"]] > 0).all()
-    assert torch.allclose(d["p_final"], torch.softmax(filter_logits(logits, **knobs), -1), atol=0, rtol=0)
+    # sample_next_token draws from softmax(filter_logits(...)) of the max-shifted logits: bit for bit
+    shifted = logits - logits.max()
+    assert torch.allclose(d["p_final"], torch.softmax(filter_logits(shifted, **knobs), -1), atol=0, rtol=0)
+    # fp32: the shift moves each probability by a rounding error at most
+    assert torch.allclose(d["p_final"], torch.softmax(filter_logits(logits, **knobs), -1), atol=1e-6, rtol=1e-5)
     assert torch.equal(d["kept"], torch.isfinite(filter_logits(logits, **knobs)))
     if knobs.get("temperature", 1.0) == 0:
         assert d["kept"].sum() == 1 and d["kept_by_top_k"].all() and d["kept_by_top_p"].all()
@@ -308,3 +312,11 @@ def test_the_filters_refuse_bad_arguments_by_name():
         top_p_filter(torch.tensor([float("nan"), 0.0]), 0.5)
     with pytest.raises(ValueError, match=r"\(V,\)"):
         next_token_distribution(X)
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    logits = random_logits(3, 40, seed=2) * 50
+    assert torch.equal(sample_next_token(logits, temperature=1e-30, generator=torch.Generator().manual_seed(0)),
+                       logits.argmax(-1))
+    d = next_token_distribution(logits[0], temperature=1e-30)
+    assert torch.equal(d["p_final"], torch.nn.functional.one_hot(logits[0].argmax(), 40).float())
