@@ -213,9 +213,10 @@ def _attention_sdpa(q, k, v, mask=None, causal: bool = False, scale: float | Non
     T, S = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
     k, v = (_expand_kv(q, k), _expand_kv(q, v)) if gqa else (k, v)
-    if m4 is None and (not causal or T == S):
-        # SDPA's is_causal is top-left aligned, which equals ours only when T == S.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    if m4 is None and (not causal or T == S or T == 1):
+        # SDPA's is_causal is top-left aligned, which equals ours only when T == S. A single query
+        # (a decode step) sits at the last position and sees every key: no mask at all.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal and T > 1, scale=scale)
     full = m4 if m4 is not None else torch.zeros(1, 1, 1, 1, dtype=q.dtype, device=q.device)
     if causal:
         full = full + causal_mask(T, kv_len=S, device=q.device, dtype=q.dtype)

@@ -41,13 +41,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import require_int, require_rank, require_tensor
-from lib.attention import BACKENDS, attention
+from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache
+from lib.masks import padding_mask
 from lib.rope import apply_rope, rope_cos_sin
 from lib.sampling import sample_next_token
 
-__all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "evaluate_loss", "generate",
-           "get_batch", "train_gpt"]
+__all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "evaluate_loss", "forward_flops",
+           "generate", "get_batch", "train_gpt"]
 
 POSITIONS = ("learned", "rope")
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF name -> F.gelu approximate
@@ -99,6 +100,14 @@ class GPTConfig:
         return cls(**base)
 
     @classmethod
+    def decode_bench(cls, **changes) -> "GPTConfig":
+        """The small decoder lesson 04 and tools/bench_kv_cache.py time: 4 layers, width 256,
+        a 512-position context (room for a prompt and 256 new tokens)."""
+        base = dict(vocab_size=64, block_size=512, n_layer=4, n_head=4, n_embd=256)
+        base.update(changes)
+        return cls(**base)
+
+    @classmethod
     def from_huggingface(cls, hf_config) -> "GPTConfig":
         """The fields of a `transformers.GPT2Config` (or its dict) that GPT-2 checkpoints use."""
         d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
@@ -135,7 +144,9 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("bias", tril.view(1, 1, config.block_size, config.block_size), persistent=False)
 
     def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) at positions start..start+T-1; `mask` an additive (B, 1, 1, S) padding mask
+        over every key so far (S = start + T), or None."""
         B, T, C = x.size()
         H, D = self.n_head, self.head_dim
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
@@ -151,9 +162,12 @@ class CausalSelfAttention(nn.Module):
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))  # (B, H, T, S)
             if self.causal:  # rows S-T..S-1 of the mask: the queries are the last T positions
                 att = att.masked_fill(self.bias[:, :, S - T:S, :S] == 0, float("-inf"))
-            y = F.softmax(att, dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
+            if mask is not None:
+                att = att + mask  # (B, H, T, S) + (B, 1, 1, S): padding keys get −inf
+            # a left-padding query sees only padding keys: a row of −inf, zeros instead of NaN
+            y = safe_softmax(att, dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
         else:
-            y = attention(q, k, v, causal=self.causal, backend=self.backend)  # (B, H, T, D)
+            y = attention(q, k, v, mask=mask, causal=self.causal, backend=self.backend)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -183,8 +197,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = mlp if mlp is not None else MLP(config)
 
-    def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0, rope=None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache=cache, start=start, rope=rope)
+    def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0, rope=None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache=cache, start=start, rope=rope, mask=mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -262,29 +277,43 @@ class GPT(nn.Module):
             raise ValueError(f"idx must be on the model's device {self.transformer.wte.weight.device}, got {idx.device}")
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                caches: list[KVCache] | None = None, start: int = 0):
+                attention_mask: torch.Tensor | None = None, caches: list[KVCache] | None = None, start: int = 0):
         """idx (B, T) token ids at positions start..start+T-1. With `caches` (from `new_caches`),
-        earlier positions' keys and values come from the caches and these are appended."""
+        earlier positions' keys and values come from the caches and these are appended.
+
+        `attention_mask` (B, start + T) of 1 (token) / 0 (padding) covers every position so far,
+        cached ones included, and must be left-padded (a row's zeros all come before its ones), so
+        that new tokens are appended right after each prompt. Padding keys are masked; each row's
+        positions count its real tokens only, so a padded prompt gets the positions it would have
+        alone. (With RoPE the shared positions are kept: a score depends only on the offset between
+        two positions, which the padding shifts equally.)
+        """
         require_int("start", start, minimum=0)
         self._check_idx(idx, start)
+        B, T = idx.shape
         if caches is not None:
             if len(caches) != self.config.n_layer:
                 raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
-            if caches[0].k.shape[0] != idx.shape[0]:
-                raise ValueError(f"caches were built for batch size {caches[0].k.shape[0]}, idx has batch size {idx.shape[0]}")
+            if caches[0].k.shape[0] != B:
+                raise ValueError(f"caches were built for batch size {caches[0].k.shape[0]}, idx has batch size {B}")
         if start and caches is None:
             raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
-        B, T = idx.shape
+        mask = None
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+        if attention_mask is not None:
+            keep = _check_attention_mask(attention_mask, (B, start + T), idx.device)
+            mask = padding_mask(keep, dtype=self.transformer.wte.weight.dtype)  # (B, 1, 1, S)
+            # each row's position = how many real tokens precede it (0 on and before its first token)
+            pos = (keep.long().cumsum(dim=1) - 1).clamp(min=0)[:, start:start + T]  # (B, T)
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if self.config.positions == "learned":
-            x = x + self.transformer.wpe(pos)  # (T, C) broadcast over B
+            x = x + self.transformer.wpe(pos)  # (T, C) or (B, T, C), broadcast over B
         else:
             rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])  # (T, D) each
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, cache=None if caches is None else caches[i], start=start, rope=rope)
+            x = block(x, cache=None if caches is None else caches[i], start=start, rope=rope, mask=mask)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
@@ -340,6 +369,25 @@ class GPT(nn.Module):
         gpt = cls(config)
         gpt.load_checkpoint({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()})
         return gpt.to(device=weight.device, dtype=weight.dtype).eval()
+
+
+def _check_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor:
+    """A (B, S) mask of 1/0 (or True/False), left-padded; returns it as bool."""
+    require_tensor("attention_mask", attention_mask)
+    if tuple(attention_mask.shape) != shape:
+        raise ValueError(f"attention_mask must have shape (B, start + T) = {shape}, covering cached positions "
+                         f"too, got {tuple(attention_mask.shape)}")
+    if attention_mask.device != device:
+        raise ValueError(f"attention_mask must be on idx's device {device}, got {attention_mask.device}")
+    if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
+    keep = attention_mask.bool()
+    if bool((keep[:, :-1] & ~keep[:, 1:]).any()):
+        raise ValueError("attention_mask must be left-padded: in each row every 0 comes before every 1 "
+                         "(right padding would put new tokens after the padding)")
+    if not bool(keep[:, -1].all()):
+        raise ValueError("attention_mask: every row needs at least one real token, at the last position")
+    return keep
 
 
 # --------------------------------------------------------------------------- the loss
@@ -449,6 +497,25 @@ def evaluate_loss(model: GPT, data: torch.Tensor, *, batches: int = 8, batch_siz
     return total / batches
 
 
+# --------------------------------------------------------------------------- cost
+def forward_flops(config: GPTConfig, new_tokens: int, total_tokens: int | None = None) -> int:
+    """FLOPs (2 per multiply-add) of one forward over `new_tokens` positions whose keys reach back
+    to `total_tokens` positions in all (= new_tokens without a cache; the cache length with one).
+
+    Per layer and new token: the four projections 2·(3C² + C² + 4C² + 4C²) = 24C², and attention
+    QKᵀ and AV over all S keys, 4·S·C (dense: the masked half of a causal T×T square is counted,
+    as the reference path computes it). Plus the output head, 2·C·V per token. LayerNorms,
+    softmax and GELU are O(T·C) and left out.
+    """
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    require_int("new_tokens", new_tokens, minimum=1)
+    S = new_tokens if total_tokens is None else total_tokens
+    require_int("total_tokens", S, minimum=new_tokens)
+    C, L, V = config.n_embd, config.n_layer, config.vocab_size
+    return new_tokens * (L * (24 * C * C + 4 * S * C) + 2 * C * V)
+
+
 # --------------------------------------------------------------------------- generation
 def _check_sampling(temperature, top_k, top_p) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, Real) or not math.isfinite(temperature):
@@ -467,13 +534,17 @@ def _check_sampling(temperature, top_k, top_p) -> None:
 @torch.no_grad()
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
+             on_token: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
     """Extend idx (B, T) by `max_new_tokens` sampled tokens -> (B, T + max_new_tokens).
 
     temperature 0 is greedy (argmax). With `use_cache`, the prompt is run once (prefill) and each
-    new token alone (decode) against the layers' KV caches; without it, the whole sequence is run
-    again for every token. Both compute the same logits; the cache does less work.
-    Sampling draws from `generator` only, so a seeded generator reproduces the tokens.
+    new token alone (decode) against the layers' KV caches, built fresh for this call; without
+    it, the whole sequence is run again for every token. Both compute the same logits; the cache
+    does less work. Sampling draws from `generator` only, so a seeded generator reproduces the
+    tokens. Prompts of different lengths go in one batch left-padded, with `attention_mask`
+    (B, T) of 1/0: each row then continues exactly as its prompt would alone. `on_token(step,
+    tokens)` is called as each new (B,) column of tokens is chosen (a progress bar, a timer).
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a lib.gpt.GPT, got {type(model).__name__}")
@@ -491,19 +562,29 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     if T + max_new_tokens > model.config.block_size:
         raise ValueError(f"idx has T={T} tokens; with max_new_tokens={max_new_tokens} that passes the context "
                          f"block_size={model.config.block_size}")
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"on_token must be callable (step, tokens) -> None, got {type(on_token).__name__}")
+    if attention_mask is not None:
+        _check_attention_mask(attention_mask, (B, T), idx.device)
+        keep = attention_mask.long()
     was_training = model.training
     model.eval()
     out = [idx]
     caches = model.new_caches(B, T + max_new_tokens) if use_cache else None
-    logits = model(idx, caches=caches)[:, -1]  # (B, V): prefill; the last position predicts the next token
+    mask = None if attention_mask is None else keep
+    logits = model(idx, caches=caches, attention_mask=mask)[:, -1]  # (B, V): prefill; the last position predicts
     for step in range(max_new_tokens):
         nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
         out.append(nxt[:, None].to(idx.dtype))
+        if on_token is not None:
+            on_token(step, nxt)
         if step == max_new_tokens - 1:
             break
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, S + 1): the new token is real
         if use_cache:
-            logits = model(out[-1], caches=caches, start=T + step)[:, -1]  # decode: one token, cached keys
+            logits = model(out[-1], caches=caches, start=T + step, attention_mask=mask)[:, -1]  # decode: one token
         else:
-            logits = model(torch.cat(out, dim=1))[:, -1]  # recompute the whole prefix
+            logits = model(torch.cat(out, dim=1), attention_mask=mask)[:, -1]  # recompute the whole prefix
     model.train(was_training)
     return torch.cat(out, dim=1)

@@ -313,3 +313,78 @@ def test_kv_cache_writes_in_order_and_refuses_gaps_and_overflow():
         cache.update(6, torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4))
     cache.reset()
     assert cache.length == 0
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("backend", ["buffer", "auto"])
+def test_left_padded_batch_continues_each_prompt_as_if_alone(positions, use_cache, backend):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(positions=positions, attention_backend=backend, block_size=40)).eval()
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(64, (n,), generator=g) for n in (1, 6, 11)]  # T = 1 included
+    T = max(len(p) for p in prompts)
+    idx = torch.zeros(len(prompts), T, dtype=torch.long)
+    keep = torch.zeros(len(prompts), T, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        idx[b, T - len(p):], keep[b, T - len(p):] = p, 1
+    batch = generate(model, idx, 15, temperature=0.0, use_cache=use_cache, attention_mask=keep)
+    for b, p in enumerate(prompts):
+        alone = generate(model, p[None], 15, temperature=0.0, use_cache=use_cache)
+        assert torch.equal(batch[b, T:], alone[0, len(p):])
+    with torch.no_grad():  # and the logits at real positions agree with the unpadded run
+        full = model(idx, attention_mask=keep)
+        for b, p in enumerate(prompts):
+            # fp32: padding changes the reduction lengths and (RoPE) the absolute angles; observed ~1e-6
+            torch.testing.assert_close(full[b, T - len(p):], model(p[None])[0], atol=1e-4, rtol=1e-4)
+
+
+def test_generate_starts_every_call_from_an_empty_cache():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny())
+    idx = torch.randint(64, (2, 5), generator=torch.Generator().manual_seed(0))
+    first = generate(model, idx, 10, temperature=0.0)
+    assert torch.equal(generate(model, idx, 10, temperature=0.0), first)  # nothing carried over
+    other = generate(model, idx.flip(0), 10, temperature=0.0)
+    assert torch.equal(other.flip(0), first)
+
+
+def test_bad_attention_masks_are_refused_clearly():
+    model = GPT(GPTConfig.tiny())
+    idx = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="left-padded"):
+        generate(model, idx, 2, attention_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match=r"shape \(B, start \+ T\)"):
+        generate(model, idx, 2, attention_mask=torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="only 1"):
+        generate(model, idx, 2, attention_mask=torch.full((2, 4), 2))
+    with pytest.raises(ValueError, match="at least one real token"):
+        generate(model, idx, 2, attention_mask=torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1]]))
+
+
+def test_on_token_sees_every_new_token_in_order():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny())
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    seen = []
+    out = generate(model, idx, 6, temperature=0.0, on_token=lambda step, tok: seen.append((step, tok.clone())))
+    assert [s for s, _ in seen] == list(range(6))
+    assert torch.equal(torch.stack([t for _, t in seen], dim=1), out[:, 3:])
+    with pytest.raises(TypeError, match="on_token"):
+        generate(model, idx, 2, on_token=5)
+
+
+@pytest.mark.parametrize("T, S", [(1, 1), (9, 9), (1, 30), (4, 17)])
+def test_forward_flops_counts_what_the_reference_path_multiplies(T, S):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lib.gpt import forward_flops
+    cfg = GPTConfig.tiny(n_layer=2, n_embd=32, attention_backend="naive", block_size=32)
+    model = GPT(cfg).eval()
+    caches = model.new_caches(1, S)
+    with torch.no_grad():
+        if S > T:
+            model(torch.zeros(1, S - T, dtype=torch.long), caches=caches)  # fill the cache first
+        with FlopCounterMode(display=False) as counter:
+            model(torch.zeros(1, T, dtype=torch.long), caches=caches, start=S - T)
+    assert counter.get_total_flops() == forward_flops(cfg, T, S)

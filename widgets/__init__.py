@@ -3,11 +3,16 @@
 
 from widgets._render import use_stable_renderer
 from widgets.bertviz_offline import head_view, model_view
+from widgets.kv_calculator import KVCalcState, KVCalculator, attention_kinds_figure, kv_calculator_figure
 from widgets.live_loss import LossCurve
+from widgets.memory_map import (MemoryMapState, MemoryMapView, memory_map_figure, memory_map_pair,
+                                memory_map_view_figure, sweep_figure, utilisation_figure)
 from widgets.mask_explorer import MaskExplorer, MaskState, attention_heatmap, mask_explorer_figure
 from widgets.mlm_view import MLMState, MLMView, mlm_view_figure
 from widgets.sampling_knobs import SamplingKnobs, SamplingState, sampling_figure
 
-__all__ = ["LossCurve", "MLMState", "MLMView", "MaskExplorer", "MaskState", "SamplingKnobs", "SamplingState",
-           "attention_heatmap", "head_view", "mask_explorer_figure", "mlm_view_figure", "model_view", "sampling_figure",
-           "use_stable_renderer"]
+__all__ = ["KVCalcState", "KVCalculator", "LossCurve", "MLMState", "MLMView", "MaskExplorer", "MaskState",
+           "MemoryMapState", "MemoryMapView", "SamplingKnobs", "SamplingState", "attention_heatmap",
+           "attention_kinds_figure", "head_view", "kv_calculator_figure", "mask_explorer_figure",
+           "memory_map_figure", "memory_map_pair", "memory_map_view_figure", "mlm_view_figure", "model_view",
+           "sampling_figure", "sweep_figure", "use_stable_renderer", "utilisation_figure"]
