@@ -704,9 +704,10 @@ def _holes(ranges, capacity: int) -> list[int]:
 
 
 def sweep_block_sizes(requests, *, capacity_tokens: int, max_len: int = 1024, block_sizes=(1, 2, 4, 8, 16, 32, 64),
-                      max_snapshots: int = 1) -> list[dict]:
+                      max_snapshots: int = 1, watermark: float = 0.0) -> list[dict]:
     """`simulate_serving(policy="paged")` once per block size; one `summary()` dict each."""
     if not isinstance(block_sizes, (list, tuple)) or not block_sizes:
         raise TypeError(f"block_sizes must be a non-empty list of ints, got {block_sizes!r}")
     return [simulate_serving(requests, policy="paged", capacity_tokens=capacity_tokens, max_len=max_len,
-                             block_size=b, max_snapshots=max_snapshots).summary() for b in block_sizes]
+                             block_size=b, max_snapshots=max_snapshots, watermark=watermark).summary()
+            for b in block_sizes]

@@ -177,7 +177,7 @@ def test_live_view_survives_every_control_extreme():
     view = MemoryMapView(SMALL)
     c = view.controls
     assert list(c) == ["block_size", "arrival_rate", "capacity_tokens", "reserve", "seed"]
-    assert c["capacity_tokens"].min == SMALL.max_len  # every capacity holds one max_len request
+    assert c["capacity_tokens"].min >= SMALL.max_len  # every capacity holds one max_len request
     assert_shows(view.figure, view.state)
     for name in ("block_size", "arrival_rate", "capacity_tokens", "seed"):
         for value in (c[name].min, c[name].max):
@@ -199,3 +199,12 @@ def test_live_view_redraws_in_place_and_has_a_stable_text_repr():
     bundle = view._repr_mimebundle_()
     assert bundle["text/plain"] == "MemoryMapView (a live widget: run this cell in JupyterLab to use it)"
     assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_smallest_capacity_works_with_every_block_size():
+    view = MemoryMapView(SMALL)
+    c = view.controls
+    c["capacity_tokens"].value = c["capacity_tokens"].min
+    for b in range(c["block_size"].min, c["block_size"].max + 1):  # 48 once left too few blocks for max_len
+        c["block_size"].value = b
+        assert view.state.block_size == b and view.state.capacity_tokens == c["capacity_tokens"].min

@@ -40,7 +40,7 @@ def cpu_name() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--prompt", type=int, default=16)
+    parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

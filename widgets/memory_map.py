@@ -269,6 +269,14 @@ def memory_map_view_figure(state: MemoryMapState | None = None, **changes) -> go
     return fig
 
 
+BLOCK_SLIDER_MAX = 64
+
+
+def _min_capacity(max_len: int) -> int:
+    """The smallest multiple of 256 that holds a max_len request in blocks of every slider size."""
+    return -(-(max_len + BLOCK_SLIDER_MAX - 1) // 256) * 256
+
+
 class MemoryMapView:
     """Live face: block size, arrival rate, capacity, reserve rule and seed; both runs redrawn."""
 
@@ -278,10 +286,13 @@ class MemoryMapView:
         state = replace(state or MemoryMapState(), **changes)
         style = {"description_width": "initial"}
         self.controls = {
-            "block_size": W.IntSlider(value=16, min=1, max=64, description="block size (tokens)", style=style),
+            "block_size": W.IntSlider(value=16, min=1, max=BLOCK_SLIDER_MAX, description="block size (tokens)", style=style),
             "arrival_rate": W.FloatSlider(value=1.0, min=0.01, max=2.0, step=0.01, description="arrivals per step",
                                           readout_format=".2f", style=style),
-            "capacity_tokens": W.IntSlider(value=4096, min=state.max_len, max=max(16384, state.max_len), step=256,
+            # the smallest capacity must hold one max_len request in blocks of any size up to 64:
+            # floor(capacity / b) * b >= max_len needs capacity >= max_len + b - 1
+            "capacity_tokens": W.IntSlider(value=4096, min=_min_capacity(state.max_len),
+                                           max=max(16384, _min_capacity(state.max_len)), step=256,
                                            description="capacity (token slots)", style=style),
             "reserve": W.Dropdown(options=list(RESERVE_RULES), value="max_len", description="contiguous reserves",
                                   style=style),
