@@ -243,12 +243,42 @@ def register_backend(name: str, fn: Backend) -> None:
 
 
 def attention(q, k, v, mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto"):
-    """softmax(QKᵀ·scale + M)V through the chosen backend; "auto" picks PyTorch's SDPA.
+    """softmax(QKᵀ·scale + M)V through the chosen backend; "auto" picks PyTorch's SDPA, or the
+    Triton kernel on a CUDA GPU when it supports the call (no mask, T == S, H_kv == H).
 
     q (B, H, T, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v) -> (B, H, T, D_v).
     """
     if backend == "auto":
-        backend = "sdpa"
+        backend = "triton" if _triton_fits(q, k, v, mask) else "sdpa"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
     return BACKENDS[backend](q, k, v, mask=mask, causal=causal, scale=scale)
+
+
+# --------------------------------------------------------------------------- Triton (lesson 05)
+def _attention_triton(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """lib.kernels.flash_attention behind the door: causal or no mask, self-attention shapes only."""
+    _check_common(q, k, v, mask, causal, scale)
+    if mask is not None:
+        raise ValueError("the Triton kernel supports causal or no mask; pass backend='sdpa' for arbitrary masks")
+    if q.shape[2] != k.shape[2] or q.shape[1] != k.shape[1] or v.shape[3] != q.shape[3]:
+        raise ValueError(f"the Triton kernel supports self-attention only (T == S, H_kv == H, D_v == D), got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; pass backend='sdpa'")
+    from lib.kernels import flash_attention  # imported here: lib.attention must not need triton
+
+    return flash_attention(q, k, v, causal=causal, sm_scale=scale)
+
+
+def _triton_fits(q, k, v, mask) -> bool:
+    """Whether "auto" should take the Triton kernel: a CUDA GPU and a call the kernel supports."""
+    if not (isinstance(q, torch.Tensor) and q.is_cuda and mask is None):
+        return False  # on the CPU "auto" stays SDPA without importing the kernels
+    if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4
+            and q.shape == k.shape == v.shape and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
+        return False
+    from lib.kernels import SUPPORTED_HEAD_DIMS, kernel_mode
+
+    return kernel_mode() == "compiled" and q.shape[3] in SUPPORTED_HEAD_DIMS
+
+
+BACKENDS["triton"] = _attention_triton

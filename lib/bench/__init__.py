@@ -1,0 +1,1 @@
+"""Benchmark commands (`python -m lib.bench.attention`). Records, not tests: timings depend on the machine."""

@@ -1,0 +1,194 @@
+"""Attention benchmark: naive vs PyTorch SDPA vs our Triton flash kernel, side by side.
+
+    python -m lib.bench.attention                 # GPU: the full table; CPU: a scaled-down one
+    python -m lib.bench.attention --out results.json --seq 512 2048
+
+The shape follows the profiling table lesson 05 discusses: the attention of a decoder-sized stack
+(d_model 768 = 12 heads x 64, 12 layers, batch 1), causal, fp16, at S in {512, 2048, 4096, 8192}.
+For each backend: milliseconds per forward and per forward+backward over the whole stack,
+achieved TFLOP/s (forward 4·B·H·S²·D per layer, halved for causal; backward counted as 2.5x the
+forward, the FlashAttention papers' convention), and peak memory (torch.cuda.max_memory_allocated).
+An out-of-memory error is caught and reported as "OOM". It prints a markdown table and writes a
+JSON file naming the device, versions and date.
+
+On a CPU it runs a scaled-down version (fp32, 2 layers, S in {256, 512, 1024}; naive vs SDPA vs
+the chunked PyTorch attention) and says so: the Triton kernel runs there only in the
+interpreter, which checks correctness, not speed, so it is left out of the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from lib.attention import attention
+
+GPU_SEQ = (512, 2048, 4096, 8192)
+CPU_SEQ = (256, 512, 1024)
+
+
+def attention_flops(B: int, H: int, S: int, D: int, causal: bool, backward: bool) -> float:
+    """FLOPs of one attention layer: 4·B·H·S²·D forward (QKᵀ and PV), halved when causal;
+    forward + backward = 3.5x the forward."""
+    fwd = 4 * B * H * S * S * D / (2 if causal else 1)
+    return fwd * (3.5 if backward else 1.0)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
+def _run_stack(fn, qkv, backward: bool):
+    """One pass over the stack: every layer's attention, then (optionally) one backward."""
+    outs = [fn(q, k, v) for q, k, v in qkv]
+    if backward:
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    return outs
+
+
+def _time(fn, qkv, backward: bool, device: torch.device, repeats: int) -> float:
+    """Median milliseconds of `repeats` passes after one warm-up pass."""
+    _run_stack(fn, qkv, backward)
+    times = []
+    for _ in range(repeats):
+        for t in (x for layer in qkv for x in layer):
+            t.grad = None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        _run_stack(fn, qkv, backward)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def _backends(device: torch.device, causal: bool) -> dict:
+    def naive(q, k, v):
+        return attention(q, k, v, causal=causal, backend="naive")
+
+    def sdpa(q, k, v):
+        if device.type == "cuda":  # force the flash backend where PyTorch has it
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    backends = {"naive": naive, "sdpa": sdpa}
+    if device.type == "cuda":
+        try:
+            from lib.kernels import flash_attention, kernel_mode
+            if kernel_mode() == "compiled":
+                backends["triton (ours)"] = lambda q, k, v: flash_attention(q, k, v, causal=causal)
+        except ImportError:
+            pass
+    else:
+        backends["chunked"] = lambda q, k, v: attention(q, k, v, causal=causal, backend="chunked")
+    return backends
+
+
+def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int = 64, batch: int = 1,
+        causal: bool = True, dtype: torch.dtype | None = None, repeats: int = 3, device=None) -> dict:
+    """Measure every backend at every sequence length; returns the results dict."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    gpu = device.type == "cuda"
+    seqs = tuple(seqs or (GPU_SEQ if gpu else CPU_SEQ))
+    layers = layers or (12 if gpu else 2)
+    dtype = dtype or (torch.float16 if gpu else torch.float32)
+    rows = []
+    for S in seqs:
+        for name, fn in _backends(device, causal).items():
+            row = {"backend": name, "seq_len": S}
+            try:
+                g = torch.Generator(device=device).manual_seed(S)
+                qkv = [tuple(torch.randn(batch, heads, S, head_dim, generator=g, device=device, dtype=dtype)
+                             .requires_grad_() for _ in range(3)) for _ in range(layers)]
+                for backward in (False, True):
+                    if gpu:
+                        torch.cuda.reset_peak_memory_stats(device)
+                    ms = _time(fn, qkv, backward, device, repeats)
+                    key = "fwd_bwd" if backward else "fwd"
+                    flops = layers * attention_flops(batch, heads, S, head_dim, causal, backward)
+                    row[f"{key}_ms"] = round(ms, 3)
+                    row[f"{key}_tflops"] = float(f"{flops / (ms / 1e3) / 1e12:.4g}")  # 4 significant digits
+                    row[f"{key}_peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if gpu else None
+            except torch.OutOfMemoryError:
+                row["error"] = "OOM"
+            except RuntimeError as err:  # e.g. an SDPA backend unavailable for this dtype/device
+                row["error"] = f"{type(err).__name__}: {str(err)[:120]}"
+            finally:
+                qkv = None
+                if gpu:
+                    torch.cuda.empty_cache()
+            rows.append(row)
+    return {
+        "benchmark": f"attention of a {layers}-layer stack, {heads} heads x {head_dim}, batch {batch}, "
+                     f"{'causal' if causal else 'full'}, {str(dtype).replace('torch.', '')}",
+        "scaled_down": not gpu,
+        "note": ("CPU run: scaled down (fewer layers, shorter sequences, fp32); the Triton kernel is left out "
+                 "because the interpreter measures correctness, not speed") if not gpu else "",
+        "device": _device_name(device), "torch": torch.__version__,
+        "triton": _triton_version(), "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "rows": rows,
+        "generated_by": "python -m lib.bench.attention",
+    }
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+        return triton.__version__
+    except ImportError:
+        return None
+
+
+def markdown(results: dict) -> str:
+    """The results as a markdown table."""
+    lines = [f"{results['benchmark']} on {results['device']} ({results['date']})", "",
+             "| backend | S | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | peak MiB |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['backend']} | {r['seq_len']} | {r['error']} | | | | |")
+            continue
+        peak = r.get("fwd_bwd_peak_mib")
+        lines.append(f"| {r['backend']} | {r['seq_len']} | {r['fwd_ms']:.2f} | {r['fwd_tflops']:.3g} | "
+                     f"{r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_tflops']:.3g} | {'' if peak is None else peak} |")
+    if results.get("note"):
+        lines += ["", results["note"]]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=int, nargs="+", default=None, help="sequence lengths")
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="JSON results file")
+    args = parser.parse_args(argv)
+    results = run(args.seq, layers=args.layers, repeats=args.repeats)
+    print(markdown(results))
+    out = args.out or Path("benchmarks") / f"attention_{'cpu' if results['scaled_down'] else 'gpu'}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
