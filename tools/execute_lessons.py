@@ -6,7 +6,7 @@
 For each MyST source: update the paired .ipynb from it (jupytext keeps outputs of unchanged
 cells), execute it in place with widget state and timing metadata left out (both change on
 every run and would bloat the file), then normalise what the kernel leaves behind so two runs
-write the same bytes. Lessons run in parallel processes, at most one per core.
+write the same bytes. Lessons run in parallel processes, at most one per two cores.
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ def execute(md: Path) -> tuple[Path, int, str, float]:
 def main(argv: list[str]) -> int:
     mds = [Path(a).resolve() for a in argv] or sorted(LESSONS.glob("[0-9][0-9]-*.md"))
     failed = 0
-    with ThreadPoolExecutor(max_workers=max(1, min(len(mds), os.cpu_count() or 1))) as pool:
+    # Lessons run one at a time per 2 cores: each kernel's torch uses every core, and two training
+    # lessons side by side on 2 cores slowed each other down tenfold (threads waiting on each other).
+    workers = max(1, min(len(mds), (os.cpu_count() or 1) // 2))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         for md, rc, log, seconds in pool.map(execute, mds):
             print(f"{'ok  ' if rc == 0 else 'FAIL'} {md.relative_to(ROOT)}  ({seconds:.0f} s, including kernel start)")
             if rc:
