@@ -57,3 +57,19 @@ def use_stable_renderer() -> None:
     template.layout.colorway = OKABE_ITO
     pio.templates[TEMPLATE] = template
     pio.templates.default = TEMPLATE
+
+
+def redraw(figure, new) -> None:
+    """Replace a live FigureWidget's traces and layout with a new figure's, in one batch (the
+    widget keeps its identity, so the page updates in place). Both have the same traces."""
+    with figure.batch_update():
+        for old_trace, new_trace in zip(figure.data, new.data):
+            old_trace.update(new_trace.to_plotly_json(), overwrite=True)
+        figure.layout.update(new.layout.to_plotly_json(), overwrite=True)
+
+
+def live_mimebundle(widget, name: str, **kwargs) -> dict:
+    """A live widget's display bundle with a stable text/plain (no ids that change per run)."""
+    bundle = widget._repr_mimebundle_(**kwargs)
+    bundle["text/plain"] = f"{name} (a live widget: run this cell in JupyterLab to use it)"
+    return bundle

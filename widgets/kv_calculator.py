@@ -34,7 +34,7 @@ from lib.kv_cache import (
     max_batch,
     max_context,
 )
-from widgets._render import OKABE_ITO
+from widgets._render import OKABE_ITO, live_mimebundle, redraw
 
 __all__ = ["KVCalcState", "KVCalculator", "attention_kinds_figure", "calculator_numbers", "kv_calculator_figure"]
 
@@ -349,12 +349,7 @@ class KVCalculator:
         new = self._figure(state)
         self.state = state
         self._sync_controls(state)
-        with self.figure.batch_update():
-            for old_trace, new_trace in zip(self.figure.data, new.data):
-                old_trace.update(new_trace.to_plotly_json(), overwrite=True)
-            self.figure.layout.update(new.layout.to_plotly_json(), overwrite=True)
+        redraw(self.figure, new)
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = "KVCalculator (a live widget: run this cell in JupyterLab to use it)"
-        return bundle
+        return live_mimebundle(self.widget, "KVCalculator", **kwargs)

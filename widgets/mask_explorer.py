@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 from lib.attention import attention_scores, attention_weights
 from lib.masks import MASK_KINDS, build_mask, combine_masks, padding_mask
 from lib.toy import pad_tokens, simple_tokenize, toy_qkv
-from widgets._render import DIVERGING, MASKED_COLOUR, OPEN_COLOUR, SEQUENTIAL
+from widgets._render import DIVERGING, MASKED_COLOUR, OPEN_COLOUR, SEQUENTIAL, live_mimebundle, redraw
 
 __all__ = ["KIND_LABELS", "MaskExplorer", "MaskState", "attention_heatmap", "explorer_matrices", "mask_explorer_figure"]
 
@@ -282,15 +282,10 @@ class MaskExplorer:
         self.state = state
         self._sync_enabled()
         new = self._figure(state)
-        with self.figure.batch_update():
-            for old_trace, new_trace in zip(self.figure.data, new.data):
-                old_trace.update(new_trace.to_plotly_json(), overwrite=True)
-            self.figure.layout.update(new.layout.to_plotly_json(), overwrite=True)
+        redraw(self.figure, new)
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = "MaskExplorer (a live widget: run this cell in JupyterLab to use it)"
-        return bundle
+        return live_mimebundle(self.widget, "MaskExplorer", **kwargs)
 
 
 def attention_heatmap(weights, mask, tokens: list[str], title: str) -> go.Figure:

@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lib.paging import RESERVE_RULES, SimResult, make_workload, simulate_serving
-from widgets._render import OKABE_ITO
+from widgets._render import OKABE_ITO, live_mimebundle, redraw
 
 __all__ = ["STATES", "MemoryMapState", "MemoryMapView", "memory_grid", "memory_map_figure", "memory_map_pair",
            "memory_map_view_figure", "sweep_figure", "utilisation_figure"]
@@ -330,12 +330,7 @@ class MemoryMapView:
         new = memory_map_view_figure(state)
         self.state = state
         self._sync_controls(state)
-        with self.figure.batch_update():
-            for old_trace, new_trace in zip(self.figure.data, new.data):
-                old_trace.update(new_trace.to_plotly_json(), overwrite=True)
-            self.figure.layout.update(new.layout.to_plotly_json(), overwrite=True)
+        redraw(self.figure, new)
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = "MemoryMapView (a live widget: run this cell in JupyterLab to use it)"
-        return bundle
+        return live_mimebundle(self.widget, "MemoryMapView", **kwargs)

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 import torch
 
 from lib.bert import minilm_tokenizer, mlm_corrupt
-from widgets._render import OKABE_ITO
+from widgets._render import OKABE_ITO, live_mimebundle, redraw
 
 __all__ = ["FATES", "MLMState", "MLMView", "corruption_table", "mlm_view_figure"]
 
@@ -139,11 +139,7 @@ class MLMView:
     def set_state(self, state: MLMState) -> None:
         self.state = state
         new = mlm_view_figure(state)
-        with self.figure.batch_update():
-            self.figure.data[0].update(new.data[0].to_plotly_json(), overwrite=True)
-            self.figure.layout.update(new.layout.to_plotly_json(), overwrite=True)
+        redraw(self.figure, new)
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = "MLMView (a live widget: run this cell in JupyterLab to use it)"
-        return bundle
+        return live_mimebundle(self.widget, "MLMView", **kwargs)

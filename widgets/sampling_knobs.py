@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import torch
 
 from lib.sampling import next_token_distribution
-from widgets._render import OKABE_ITO
+from widgets._render import OKABE_ITO, live_mimebundle, redraw
 
 __all__ = ["SamplingKnobs", "SamplingState", "sampling_figure", "visible_token"]
 
@@ -285,12 +285,7 @@ class SamplingKnobs:
         new = self._figure(state)
         self.state = state
         self._sync_controls(state)
-        with self.figure.batch_update():
-            for old_trace, new_trace in zip(self.figure.data, new.data):
-                old_trace.update(new_trace.to_plotly_json(), overwrite=True)
-            self.figure.layout.update(new.layout.to_plotly_json(), overwrite=True)
+        redraw(self.figure, new)
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = "SamplingKnobs (a live widget: run this cell in JupyterLab to use it)"
-        return bundle
+        return live_mimebundle(self.widget, "SamplingKnobs", **kwargs)

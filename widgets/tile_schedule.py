@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import plotly.graph_objects as go
 
 from lib.kernels.flash import key_block_bounds, visited_blocks
-from widgets._render import OKABE_ITO
+from widgets._render import OKABE_ITO, live_mimebundle, redraw
 
 __all__ = ["TileSchedule", "TileState", "tile_grid", "tile_schedule_figure"]
 
@@ -153,11 +153,7 @@ class TileSchedule:
     def set_state(self, state: TileState) -> None:
         self.state = state.check()
         new = tile_schedule_figure(state, animate=False)
-        with self.figure.batch_update():
-            self.figure.data[0].update(new.data[0].to_plotly_json(), overwrite=True)
-            self.figure.layout.update(new.layout.to_plotly_json(), overwrite=True)
+        redraw(self.figure, new)
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = "TileSchedule (a live widget: run this cell in JupyterLab to use it)"
-        return bundle
+        return live_mimebundle(self.widget, "TileSchedule", **kwargs)
