@@ -42,3 +42,20 @@ def require_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], what
     if any(v != values[0] for v in values[1:]):
         listing = ", ".join(f"{n}: {v}" for n, v in zip(names, values))
         raise ValueError(f"{', '.join(names)} must share one {what}, got {listing}")
+
+
+def require_token_ids(name: str, ids, *, vocab_size: int, max_len: int, context: str, start: int = 0) -> None:
+    """`ids` must be a (B, T) int64/int32 tensor of token ids in [0, vocab_size), non-empty, whose
+    positions start..start+T-1 fit a context of `max_len` (`context` names that limit)."""
+    require_tensor(name, ids)
+    require_rank(name, ids, 2, "(B, T)")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an int64 (or int32) tensor of token ids, got {ids.dtype}")
+    B, T = ids.shape
+    if B == 0 or T == 0:
+        raise ValueError(f"{name} must hold at least one token, got shape {tuple(ids.shape)}")
+    if start + T > max_len:
+        where = f" from position {start}" if start else ""
+        raise ValueError(f"{name} has T={T} tokens{where}, past the context {context}={max_len}")
+    if bool((ids < 0).any()) or bool((ids >= vocab_size).any()):
+        raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")

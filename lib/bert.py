@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_rank, require_tensor
+from lib._checks import require_rank, require_tensor, require_token_ids
 from lib.attention import attention, attention_weights
 from lib.masks import padding_mask
 
@@ -202,17 +202,9 @@ class Bert(nn.Module):
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids):
         cfg = self.config
-        require_tensor("input_ids", input_ids)
-        require_rank("input_ids", input_ids, 2, "(B, T)")
-        if input_ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"input_ids must be an int64 (or int32) tensor of token ids, got {input_ids.dtype}")
+        require_token_ids("input_ids", input_ids, vocab_size=cfg.vocab_size, max_len=cfg.max_position_embeddings,
+                          context="max_position_embeddings")
         B, T = input_ids.shape
-        if T == 0 or B == 0:
-            raise ValueError(f"input_ids must have at least one token, got shape {tuple(input_ids.shape)}")
-        if T > cfg.max_position_embeddings:
-            raise ValueError(f"input_ids has T={T} tokens, more than max_position_embeddings={cfg.max_position_embeddings}")
-        if bool((input_ids < 0).any()) or bool((input_ids >= cfg.vocab_size).any()):
-            raise ValueError(f"input_ids must lie in [0, vocab_size={cfg.vocab_size}), got min {int(input_ids.min())}, max {int(input_ids.max())}")
         for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if t is not None:
                 require_tensor(name, t)

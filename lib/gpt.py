@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_tensor
+from lib._checks import require_int, require_rank, require_tensor, require_token_ids
 from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache
 from lib.masks import padding_mask
@@ -260,19 +260,8 @@ class GPT(nn.Module):
                 for _ in range(self.config.n_layer)]
 
     def _check_idx(self, idx, start: int) -> None:
-        require_tensor("idx", idx)
-        require_rank("idx", idx, 2, "(B, T)")
-        if idx.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"idx must be an int64 (or int32) tensor of token ids, got {idx.dtype}")
-        B, T = idx.shape
-        if B == 0 or T == 0:
-            raise ValueError(f"idx must hold at least one token, got shape {tuple(idx.shape)}")
-        if start + T > self.config.block_size:
-            raise ValueError(f"idx has T={T} tokens from position {start}, past the context block_size="
-                             f"{self.config.block_size}")
-        if bool((idx < 0).any()) or bool((idx >= self.config.vocab_size).any()):
-            raise ValueError(f"idx must lie in [0, vocab_size={self.config.vocab_size}), "
-                             f"got min {int(idx.min())}, max {int(idx.max())}")
+        require_token_ids("idx", idx, vocab_size=self.config.vocab_size, max_len=self.config.block_size,
+                          context="block_size", start=start)
         if idx.device != self.transformer.wte.weight.device:
             raise ValueError(f"idx must be on the model's device {self.transformer.wte.weight.device}, got {idx.device}")
 
