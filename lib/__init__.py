@@ -7,4 +7,15 @@ all-MiniLM-L6-v2 weights, and BERT's MLM corruption), `gpt` (the causal decoder,
 add `kernels`, `ssm` and `moe`.
 """
 
+import os as _os
+
+import torch as _torch
+
+# Without a GPU the Triton kernels (lesson 05) run in Triton's interpreter. Triton decides which
+# mode its own library functions (tl.max, tl.cdiv, ...) get when `triton` is first imported, so the
+# variable must be set before anything imports triton: here, on the first `import lib`. An
+# explicit TRITON_INTERPRET=0 is respected.
+if not _torch.cuda.is_available():
+    _os.environ.setdefault("TRITON_INTERPRET", "1")
+
 __version__ = "0.1.0"

@@ -39,6 +39,7 @@ __all__ = [
     "attention_ref",
     "attention_scores",
     "attention_weights",
+    "online_softmax_update",
     "register_backend",
     "safe_softmax",
 ]
@@ -158,6 +159,33 @@ def attention_ref(q, k, v, mask=None, causal: bool = False, scale: float | None 
 
 
 # --------------------------------------------------------------------------- chunked
+def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
+                          values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold one block of keys into a running softmax: the step FlashAttention repeats per tile.
+
+    m (..., R, 1) running max, l (..., R, 1) running denominator, acc (..., R, D_v) running
+    unnormalised output, for R query rows; scores (..., R, bk) one block of (masked) scores;
+    values (..., bk, D_v) that block's values. Returns the new (m, l, acc), for which
+    acc / l == softmax(all scores so far) @ (all values so far). Start from m = -inf, l = 0,
+    acc = 0. A row with no visible key yet (all -inf so far) keeps l = 0 and acc = 0.
+    """
+    for name, x in (("m", m), ("l", l), ("acc", acc), ("scores", scores), ("values", values)):
+        require_tensor(name, x, floating=True)
+    if m.shape != l.shape or m.shape[-1:] != (1,) or m.shape[:-1] != scores.shape[:-1] \
+            or acc.shape[:-1] != scores.shape[:-1] or values.shape[-2] != scores.shape[-1] \
+            or acc.shape[-1] != values.shape[-1]:
+        raise ValueError(f"online_softmax_update needs m, l (..., R, 1), acc (..., R, D_v), scores (..., R, bk), "
+                         f"values (..., bk, D_v); got m {tuple(m.shape)}, l {tuple(l.shape)}, acc {tuple(acc.shape)}, "
+                         f"scores {tuple(scores.shape)}, values {tuple(values.shape)}")
+    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
+    m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
+    p = torch.exp(scores - m_safe)  # (..., R, bk)
+    correction = torch.exp(m - m_safe)  # rescales what was summed under the old max; exp(-inf) = 0 at first
+    l = l * correction + p.sum(dim=-1, keepdim=True)
+    acc = acc * correction + p @ values.to(p.dtype)  # (..., R, bk) @ (..., bk, D_v)
+    return m_new, l, acc
+
+
 def attention_chunked(
     q, k, v, mask=None, causal: bool = False, scale: float | None = None, *, block_q: int = 64, block_k: int = 64
 ) -> torch.Tensor:
@@ -196,13 +224,7 @@ def attention_chunked(
             if causal:
                 k_pos = torch.arange(ks, ke, device=q.device).unsqueeze(0)  # (1, bk)
                 s = s.masked_fill(k_pos > q_pos, float("-inf"))
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
-            p = torch.exp(s - m_safe)  # (B, H, bq, bk)
-            correction = torch.exp(m - m_safe)  # exp(-inf) = 0 on the first visible block
-            l = l * correction + p.sum(dim=-1, keepdim=True)
-            acc = acc * correction + p @ v_all[:, :, ks:ke]  # (B, H, bq, bk) @ (B, H, bk, D_v)
-            m = m_new
+            m, l, acc = online_softmax_update(m, l, acc, s, v_all[:, :, ks:ke])
         out[:, :, qs:qe] = (acc / torch.where(l == 0, torch.ones_like(l), l)).to(q.dtype)
     return out
 

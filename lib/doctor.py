@@ -39,8 +39,12 @@ class Capabilities:
 
 
 def _version(module: str) -> str | None:
+    """The installed version, read from the package metadata: importing triton here would fix its
+    interpreter mode before lib.kernels could choose it."""
+    from importlib import metadata
+
     try:
-        return __import__(module).__version__
+        return metadata.version(module)
     except Exception:  # not installed, or broken: the report says so instead of failing
         return None
 

@@ -16,6 +16,7 @@ from lib.attention import (
     attention_ref,
     attention_scores,
     attention_weights,
+    online_softmax_update,
     register_backend,
     safe_softmax,
 )
@@ -199,3 +200,33 @@ def test_reference_matches_the_textbook_formula_on_a_hand_sized_case():
     expected = torch.softmax(s, -1) @ torch.tensor([[10.0], [20.0]])
     assert torch.allclose(attention_ref(q, k, v)[0, 0], expected)
     assert torch.allclose(attention_ref(q, k, v, causal=True)[0, 0, 0], torch.tensor([10.0]))
+
+
+def test_online_softmax_update_keeps_the_invariant_over_ragged_blocks_and_masked_rows():
+    # After every block, acc / l equals the softmax over the keys seen so far, times their values;
+    # a row that has seen only -inf keeps l = acc = 0 (no NaN).
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(2, 3, 4, 11, generator=g) * 4 - 1  # (B, H, R, S), negative and large values
+    scores[0, 0, 1, :5] = float("-inf")
+    values = torch.randn(2, 3, 11, 5, generator=g)
+    m = torch.full((2, 3, 4, 1), float("-inf"))
+    l, acc = torch.zeros(2, 3, 4, 1), torch.zeros(2, 3, 4, 5)
+    for start, end in ((0, 5), (5, 6), (6, 11)):
+        m, l, acc = online_softmax_update(m, l, acc, scores[..., start:end], values[..., start:end, :])
+        seen = scores[..., :end]
+        visible = torch.isfinite(seen).any(-1, keepdim=True)
+        truth = safe_softmax(seen) @ values[..., :end, :]
+        got = torch.where(visible, acc / torch.where(l == 0, torch.ones_like(l), l), torch.zeros_like(acc))
+        assert torch.allclose(got, truth, atol=1e-6)  # fp32, <= 11 terms: rounding only
+        assert torch.equal(m, seen.amax(-1, keepdim=True))
+        assert not torch.isnan(l).any() and torch.all(l[~visible] == 0)
+
+
+def test_online_softmax_update_refuses_mismatched_shapes():
+    m, l, acc = torch.zeros(3, 1), torch.zeros(3, 1), torch.zeros(3, 2)
+    with pytest.raises(ValueError, match=r"scores \(..., R, bk\)"):
+        online_softmax_update(m, l, acc, torch.zeros(4, 5), torch.zeros(5, 2))
+    with pytest.raises(ValueError, match="values"):
+        online_softmax_update(m, l, acc, torch.zeros(3, 5), torch.zeros(4, 2))
+    with pytest.raises(TypeError, match="scores must have a floating dtype"):
+        online_softmax_update(m, l, acc, torch.zeros(3, 5, dtype=torch.int64), torch.zeros(5, 2))

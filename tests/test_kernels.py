@@ -190,7 +190,7 @@ def test_causal_visits_about_half_the_tiles_for_long_sequences():
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_kernel_loop_visits_exactly_the_counted_tiles(T, block_m, block_n, causal):
     q, k, v = (rand(2, 1, T, 16, seed=s) for s in (1, 2, 3))
-    counted = flash._count_visited_tiles(q, k, v, causal, block_m=block_m, block_n=block_n)
+    counted = flash.count_visited_tiles(q, k, v, causal, block_m=block_m, block_n=block_n)
     assert counted == visited_blocks(T, block_m, block_n, causal)
 
 
@@ -271,6 +271,30 @@ def test_import_switches_the_interpreter_on_without_a_gpu_and_works_without_trit
         if not torch.cuda.is_available():
             expected = {"unset": "ran: (1, 1, 4, 16)", "off": "TRITON_INTERPRET=1", "no-triton": "needs the `triton` package"}
             assert expected[variant] in run.stdout, run.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's import order matters only without a GPU")
+def test_import_order_the_doctor_first_works_and_triton_first_is_refused_clearly():
+    # A lesson's first cell runs the doctor, which must not import triton (triton fixes the mode of
+    # tl.max, tl.cdiv, ... at its first import). Importing triton before lib leaves those compiled-mode
+    # and the interpreted kernel would fail deep inside; the launcher says what to do instead.
+    script = (
+        "import sys, torch\n"
+        "if sys.argv[1] == 'triton-first': import triton\n"
+        "from lib import doctor\n"
+        "doctor.capabilities()\n"
+        "assert sys.argv[1] == 'triton-first' or 'triton' not in sys.modules, 'the doctor imported triton'\n"
+        "from lib.kernels import flash_attention\n"
+        "x = torch.randn(1, 1, 4, 16)\n"
+        "try: print('ran:', tuple(flash_attention(x, x, x).shape))\n"
+        "except RuntimeError as e: print('refused:', e)\n"
+    )
+    base = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    for variant, expected in (("doctor-first", "ran: (1, 1, 4, 16)"), ("triton-first", "import lib")):
+        run = subprocess.run([sys.executable, "-c", script, variant], env=base, capture_output=True, text=True,
+                             timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert run.returncode == 0, run.stderr
+        assert expected in run.stdout, (variant, run.stdout)
 
 
 # --------------------------------------------------------------------------- GPU only

@@ -70,6 +70,17 @@ def _describe_shape(x) -> str:
     return f"shape {tuple(x.shape)}, dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
+def _unfinished(err: BaseException) -> bool:
+    """Whether `err` is, or wraps, the stub's NotImplementedError (Triton's interpreter wraps errors)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, NotImplementedError) or "NotImplementedError" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def call_learner(exercise: str, fn: Callable, args: tuple, case: str, n_cases: int) -> tuple[Any, CheckReport | None]:
     """Call the learner's function; a stub, a non-function or an exception becomes a report."""
     if not callable(fn):
@@ -81,6 +92,9 @@ def call_learner(exercise: str, fn: Callable, args: tuple, case: str, n_cases: i
         return None, CheckReport(exercise, False, n_cases, case, "not attempted yet",
                                  "replace the `raise NotImplementedError` line with your code, then run the cell again")
     except Exception as err:  # the learner's bug, reported as text rather than a traceback
+        if _unfinished(err):  # e.g. a stub inside a Triton kernel: the interpreter wraps the error
+            return None, CheckReport(exercise, False, n_cases, case, "not attempted yet",
+                                     "replace the `raise NotImplementedError` line with your code, then run the cell again")
         return None, CheckReport(exercise, False, n_cases, case, f"your function raised {type(err).__name__}: {err}",
                                  "try it by hand on this case's inputs")
 

@@ -29,7 +29,8 @@ import torch
 from lib._checks import require_rank, require_tensor
 
 # No GPU: run the kernels in Triton's interpreter, so every lesson works on a CPU-only laptop.
-# Triton reads the variable when @triton.jit runs (below), so it must be set before that; an
+# Triton fixes the mode of its own library functions when it is first imported, so `import lib`
+# already sets this (lib/__init__.py); repeated here for a direct `import lib.kernels.flash`. An
 # explicit TRITON_INTERPRET=0 is respected (the kernels are then unavailable on this machine).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -41,8 +42,17 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
+
+def _triton_mixed_modes() -> bool:
+    """Whether triton was imported before TRITON_INTERPRET=1 was set: its own library functions
+    (tl.max, tl.cdiv, ...) are then compiled-mode and fail inside our interpreted kernels."""
+    if triton is None or os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    return type(tl.standard.sum).__name__ != "InterpretedFunction"
+
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
+    "count_visited_tiles",
     "default_block_sizes",
     "flash_attention",
     "kernel_mode",
@@ -324,6 +334,10 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
         raise ValueError(f"sm_scale must be a positive finite number or None (meaning 1/sqrt(D)), got {sm_scale!r}")
 
     mode = kernel_mode()
+    if _triton_mixed_modes():
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the interpreter cannot run "
+                           "these kernels. Restart the Python kernel and import lib (or lib.kernels) before "
+                           "importing triton, or start Python with TRITON_INTERPRET=1 in the environment")
     if triton is None:
         raise RuntimeError("flash_attention needs the `triton` package (pip install triton); "
                            "use lib.attention.attention(..., backend='sdpa') without it")
@@ -440,12 +454,14 @@ def flash_attention(q, k, v, causal: bool = True, sm_scale: float | None = None,
     return _FlashAttention.apply(q, k, v, causal, sm_scale, block_m, block_n)
 
 
-def _count_visited_tiles(q, k, v, causal: bool = True, *, block_m: int | None = None,
-                         block_n: int | None = None) -> int:
-    """Run the forward with its loop counter on; the tiles visited summed over query blocks, per head."""
+def count_visited_tiles(q, k, v, causal: bool = True, *, block_m: int | None = None,
+                        block_n: int | None = None) -> int:
+    """Run the forward kernel with its loop counter on: the tiles it visited, summed over query blocks, for
+    one (batch, head) (every head visits the same tiles; checked). Counts what the kernel did, so
+    it can be set beside `visited_blocks`, the count predicted from the bounds."""
     q, k, v, sm_scale, block_m, block_n = _prepare(q, k, v, causal, None, block_m, block_n)
     _, _, visits = _flash_forward(q, k, v, causal, sm_scale, block_m, block_n, count_visits=True)
     per_head = visits.sum(dim=1)  # (B*H,)
     if not bool((per_head == per_head[0]).all()):
-        raise AssertionError(f"heads visited different tile counts: {per_head.tolist()}")
+        raise RuntimeError(f"heads visited different tile counts: {per_head.tolist()}")
     return int(per_head[0])
