@@ -3,7 +3,13 @@ tiny: this checks the command, not the machine's speed)."""
 
 import json
 
-from lib.bench.attention import attention_flops, main, markdown, run
+import pytest
+import torch
+
+from lib.bench.attention import (PUBLISHED_PEAKS, attention_flops, flash_traffic, main, markdown, naive_traffic,
+                                 roofline_ms, run)
+from lib.bench.memory import peak_rss_mib, peak_rss_table
+from lib.kernels import count_visited_tiles
 
 
 def test_flop_count_is_four_b_h_s_squared_d_halved_when_causal():
@@ -24,3 +30,49 @@ def test_cpu_run_times_every_backend_and_says_it_is_scaled_down(tmp_path):
     out = tmp_path / "r.json"
     main(["--seq", "16", "--layers", "1", "--repeats", "1", "--out", str(out)])
     assert json.loads(out.read_text())["generated_by"] == "python -m lib.bench.attention"
+
+
+def test_naive_traffic_counts_every_pass_and_its_intensity_does_not_grow_with_s():
+    B, H, S, D, e = 2, 3, 128, 16, 2
+    passes = naive_traffic(B, H, S, D, e, causal=True)
+    mat, vec = B * H * S * S, B * H * S * D
+    # QKᵀ writes the matrix; mask and softmax read and write it; PV reads it: 6 matrix passes, 4 of Q/K/V/O
+    assert sum(passes.values()) == e * (6 * mat + 4 * vec)
+    assert sum(naive_traffic(B, H, S, D, e, causal=False).values()) == e * (4 * mat + 4 * vec)
+    intensity = [attention_flops(1, 12, s, 64, True, False) / sum(naive_traffic(1, 12, s, 64, 2, True).values())
+                 for s in (2048, 8192, 32768)]
+    assert max(intensity) - min(intensity) < 0.05 * min(intensity)  # both grow as S², the ratio is fixed
+    assert max(intensity) < min(p["flops"] / p["bandwidth"] for p in PUBLISHED_PEAKS.values())  # memory-bound
+
+
+def test_flash_traffic_streams_exactly_the_key_blocks_the_kernel_visits():
+    B, H, S, D, e, bm = 1, 2, 200, 16, 4, 32
+    q = torch.randn(B, H, S, D)
+    for causal in (True, False):
+        tiles = count_visited_tiles(q, q, q, causal, block_m=bm, block_n=bm)  # counted by the kernel itself
+        expected = B * H * (e * (2 * S * D + 2 * tiles * bm * D) + 4 * S)
+        assert flash_traffic(B, H, S, D, e, causal, block_m=bm) == expected
+    # fp16: each K/V element loaded feeds BLOCK_M multiply-adds, so the intensity tends to BLOCK_M
+    for bm in (64, 128):
+        big = 1 << 16
+        ratio = attention_flops(1, 1, big, 64, True, False) / flash_traffic(1, 1, big, 64, 2, True, block_m=bm)
+        assert 0.95 * bm < ratio <= bm
+
+
+def test_roofline_is_the_slower_of_compute_and_memory():
+    assert roofline_ms(2e12, 1e9, 1e15, 1e12) == pytest.approx(2.0)  # compute: 2e12 / 1e15 s
+    assert roofline_ms(1e9, 3e12, 1e15, 1e12) == pytest.approx(3000.0)  # memory: 3e12 / 1e12 s
+
+
+def test_peak_memory_of_naive_attention_grows_quadratically_and_chunked_stays_small():
+    pytest.importorskip("resource", reason="no peak-memory measure without the POSIX resource module")
+    rows = {(r["backend"], r["seq_len"]): r["added_mib"]
+            for r in peak_rss_table(["naive", "chunked"], [512, 1024], heads=4, head_dim=64)}
+    one_matrix_mib = 4 * 1024 * 1024 * 4 / 2**20  # 4 heads of 1024 x 1024 float32
+    assert 3.0 < rows["naive", 1024] / rows["naive", 512] < 5.0  # doubling T: about 4x
+    assert rows["naive", 1024] >= one_matrix_mib  # at least the scores themselves
+    assert rows["chunked", 1024] < 0.1 * rows["naive", 1024]
+    with pytest.raises(ValueError, match="backend must be one of"):
+        peak_rss_mib("flash", 64)
+    with pytest.raises(ValueError, match="seq_len must be >= 1"):
+        peak_rss_mib("naive", 0)

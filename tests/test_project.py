@@ -80,7 +80,8 @@ def test_stored_notebook_is_executed_small_and_free_of_run_noise(nb):
             assert out["output_type"] != "error"
             assert "execution" not in out.get("metadata", {})
     ignored = [c for c in code if "nbval-ignore-output" in c["metadata"].get("tags", [])]
-    machine_dependent = ("doctor", "perf_counter", "seconds", "LossCurve")  # hardware, timings, live plots
+    # hardware, timings, live plots, memory measured on this machine, benchmark runs
+    machine_dependent = ("doctor", "perf_counter", "seconds", "LossCurve", "peak_rss", "bench.run(")
     assert all(any(word in "".join(c["source"]) for word in machine_dependent) for c in ignored), \
         "only machine-dependent cells (hardware, timings, live progress) may skip nbval's comparison"
 

@@ -41,6 +41,66 @@ def attention_flops(B: int, H: int, S: int, D: int, causal: bool, backward: bool
     return fwd * (3.5 if backward else 1.0)
 
 
+# Dense FP16/BF16 tensor-core peaks (FLOP/s, fp32 accumulate) and memory bandwidths (bytes/s), from
+# the vendors' datasheets as collected in the course's SOURCES.md. Quoted, not measured here.
+PUBLISHED_PEAKS = {
+    "H100 SXM": {"flops": 989e12, "bandwidth": 3.35e12},
+    "H200 SXM": {"flops": 989e12, "bandwidth": 4.8e12},
+    "RTX 4090": {"flops": 165e12, "bandwidth": 1.008e12},
+}
+
+# Forward TFLOP/s (non-causal, causal) on an H100 SXM, head dim 128, FP16, as read from the
+# FlashAttention-3 repository's figure assets/flash3_fp16_fwd.png (Shah et al. 2024, arXiv
+# 2407.08608), collected in SOURCES.md. A source's claim, not measured here.
+PUBLISHED_H100_FWD_TFLOPS = {
+    "source": "FlashAttention-3 repo, assets/flash3_fp16_fwd.png: H100 SXM, head dim 128, forward, FP16",
+    "card": "H100 SXM",
+    "rows": {
+        "FlashAttention-3": (648, 616),
+        "FlashAttention-2": (370, 335),
+        "Triton (tutorial kernel)": (395, 378),
+        "standard PyTorch attention": (139, 35),
+    },
+}
+
+
+def naive_traffic(B: int, H: int, S: int, D: int, bytes_per_elem: int, causal: bool) -> dict:
+    """Bytes an unfused attention moves to and from main memory, pass by pass, for one layer.
+
+    Each eager PyTorch op reads its inputs from memory and writes its output back: QKᵀ writes the
+    (S, S) scores, the causal mask reads and rewrites them, softmax reads them and writes P, and
+    P·V reads P. Q, K, V are read once and O written once. Returns {pass: bytes}.
+    """
+    e, mat, vec = bytes_per_elem, B * H * S * S, B * H * S * D
+    passes = {"QKᵀ: read Q, K; write scores": e * (2 * vec + mat)}
+    if causal:
+        passes["mask: read scores, write masked scores"] = e * 2 * mat
+    passes["softmax: read scores, write P"] = e * 2 * mat
+    passes["P·V: read P, V; write O"] = e * (mat + 2 * vec)
+    return passes
+
+
+def flash_traffic(B: int, H: int, S: int, D: int, bytes_per_elem: int, causal: bool, block_m: int = 64) -> float:
+    """Bytes a fused (flash) forward moves to and from main memory for one layer, with no cache reuse.
+
+    Each query-block program reads its Q block once and writes its O block and log-sum-exp once,
+    and streams the K and V blocks it visits (all of them, or those on and below the diagonal when
+    causal). An upper bound: programs of one head running side by side share K and V through the
+    GPU's L2 cache, so the DRAM traffic of a real run is lower.
+    """
+    from lib.kernels.flash import visited_blocks  # pure Python: imports triton lazily, launches nothing
+
+    e = bytes_per_elem
+    tiles = visited_blocks(S, block_m, block_m, causal)  # (query block, key block) pairs per head
+    kv_rows = tiles * block_m  # key rows streamed per head (a ragged last block counted whole)
+    return B * H * (e * (2 * S * D + 2 * kv_rows * D) + 4 * S)  # Q in, O out, K and V streamed, fp32 LSE
+
+
+def roofline_ms(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
+    """The least time the work can take on a machine: max(FLOPs / peak, bytes / bandwidth), in ms."""
+    return 1e3 * max(flops / peak_flops, bytes_moved / bandwidth)
+
+
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
