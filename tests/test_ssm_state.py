@@ -1,0 +1,89 @@
+"""The SSM state animator draws exactly the states and step sizes it is given, at every step, and
+refuses inconsistent records with a message instead of drawing garbage."""
+
+import numpy as np
+import pytest
+
+from widgets.ssm_state import SSMStateView, check_runs, ssm_state_figure
+
+
+def _runs(L=6, D=4, N=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"selective": (rng.normal(size=(L, D, N)), rng.uniform(0.01, 2.0, size=(L, D))),
+            "fixed Δ, B, C": (rng.normal(size=(L, D, N)), np.full((L, D), 0.1))}
+
+
+def test_every_frame_shows_that_steps_state_and_step_size():
+    tokens, runs = list("abcdef"), _runs()
+    fig = ssm_state_figure(tokens, runs)
+    assert len(fig.frames) == len(tokens) and len(fig.layout.sliders[0].steps) == len(tokens)
+    for t, frame in enumerate(fig.frames):
+        for i, (h, delta) in enumerate(runs.values()):
+            assert np.allclose(np.array(frame.data[2 * i].z), h[t])
+            assert np.allclose(np.array(frame.data[2 * i + 1].y), delta[t])
+        assert f"<b>[{tokens[t]}]</b>" in frame.layout.title.text
+    # one colour scale for all frames, symmetric about zero, so fading is visible
+    zmax = max(np.abs(h).max() for h, _ in runs.values())
+    assert fig.data[0].zmax == pytest.approx(zmax) and fig.data[0].zmin == pytest.approx(-zmax)
+
+
+def test_static_step_and_single_token():
+    fig = ssm_state_figure(list("abcdef"), _runs(), step=2, animate=False)
+    assert not fig.frames and fig.layout.meta["step"] == 2
+    one = ssm_state_figure(["x"], _runs(L=1))
+    assert one.layout.meta["shape"] == [1, 4, 3] and not one.frames
+
+
+def test_torch_tensors_are_accepted():
+    torch = pytest.importorskip("torch")
+    h, d = torch.randn(3, 2, 2), torch.rand(3, 2)
+    fig = ssm_state_figure(list("abc"), {"run": (h, d)}, animate=False)
+    assert np.allclose(np.array(fig.data[0].z), h[-1].numpy())
+
+
+@pytest.mark.parametrize("tokens, runs, words", [
+    (list("abc"), {}, "non-empty"),
+    (list("abc"), {"r": (np.zeros((4, 2, 2)), np.zeros((4, 2)))}, "(L=3"),
+    (list("abc"), {"r": (np.zeros((3, 2, 2)), np.zeros((3, 5)))}, "delta must have shape"),
+    (list("abc"), {"r": (np.zeros((3, 2, 2)), np.zeros((3, 2))), "s": (np.zeros((3, 3, 2)), np.zeros((3, 3)))},
+     "one shape"),
+    (list("abc"), {"r": (np.full((3, 2, 2), np.nan), np.zeros((3, 2)))}, "non-finite"),
+    ([], {"r": (np.zeros((0, 2, 2)), np.zeros((0, 2)))}, "1.."),
+    (list("abc"), {"r": np.zeros((3, 2, 2))}, "pair"),
+])
+def test_bad_records_are_refused_with_a_reason(tokens, runs, words):
+    with pytest.raises(ValueError, match=None) as err:
+        check_runs(tokens, runs)
+    assert words in str(err.value)
+
+
+def test_bad_step_is_refused():
+    for bad in (-1, 6, 2.0, True):
+        with pytest.raises(ValueError, match="step must be"):
+            ssm_state_figure(list("abcdef"), _runs(), step=bad)
+
+
+def test_live_view_survives_every_slider_value_and_new_text():
+    calls = []
+
+    def recompute(text):
+        calls.append(text)
+        if "!" in text:
+            raise ValueError("unknown character '!'")
+        return list(text), _runs(L=len(text), seed=len(text))
+
+    view = SSMStateView(list("abcdef"), _runs(), recompute=recompute, text="abcdef")
+    slider = view.controls["step"]
+    seen = set()
+    for value in range(slider.min, slider.max + 1):
+        slider.value = value
+        assert view.figure.layout.meta["step"] == value - 1
+        seen.add(tuple(np.array(view.figure.data[0].z).ravel()))
+    assert len(seen) == 6  # every step draws a different state
+    view.controls["text"].value = "xyzw"
+    assert slider.max == 4 and view.figure.layout.meta["shape"] == [4, 4, 3]
+    view.controls["text"].value = "bad!"
+    assert "unknown character" in view.status.value and slider.max == 4  # the old view stays
+    view.controls["text"].value = ""
+    assert "1.." in view.status.value
+    assert "live widget" in view._repr_mimebundle_()["text/plain"]

@@ -1,0 +1,180 @@
+"""SSM state animator: the hidden state h_t (channels × state size) and the step size Δ_t of a
+state-space scan, token by token, for several runs side by side (lesson 06: selective vs not).
+
+The widget draws numbers; it computes none. The lesson runs `lib.ssm` on a sequence, records the
+states and step sizes of each run, and passes them here:
+
+    runs = {"selective": (h, delta), "fixed Δ, B, C": (h2, delta2)}   # h (L, D, N), delta (L, D)
+    ssm_state_figure(tokens, runs)          # static face: frames over t, play button and slider
+    SSMStateView(tokens, runs, recompute=fn).widget   # live face: a step slider (and, given
+                                                      # `recompute(text) -> (tokens, runs)`, a text box)
+
+Colours: one diverging scale per figure, symmetric about 0 and fixed across frames, so a state
+that fades is seen to fade; every cell's value is in its hover text, never colour alone.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from widgets._render import DIVERGING, OKABE_ITO, live_mimebundle, redraw
+
+__all__ = ["SSMStateView", "check_runs", "ssm_state_figure"]
+
+MAX_STEPS = 512  # frames beyond this make the static figure too heavy for a page
+
+
+def _as_array(name: str, x) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor, without importing torch here
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x, dtype=np.float64)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} holds non-finite values (inf or NaN): nothing sensible to draw")
+    return arr
+
+
+def check_runs(tokens: Sequence[str], runs: Mapping[str, tuple]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Validate and convert: every run is (h (L, D, N), delta (L, D)) with one L = len(tokens) and one D."""
+    if not isinstance(runs, Mapping) or not runs:
+        raise ValueError("runs must be a non-empty mapping name -> (h (L, D, N), delta (L, D))")
+    tokens = [str(t) for t in tokens]
+    L = len(tokens)
+    if not 1 <= L <= MAX_STEPS:
+        raise ValueError(f"tokens must hold 1..{MAX_STEPS} tokens, got {L}")
+    out, shape = {}, None
+    for name, run in runs.items():
+        if not (isinstance(run, (tuple, list)) and len(run) == 2):
+            raise ValueError(f"runs[{name!r}] must be a pair (h (L, D, N), delta (L, D))")
+        h, delta = _as_array(f"runs[{name!r}] h", run[0]), _as_array(f"runs[{name!r}] delta", run[1])
+        if h.ndim != 3 or h.shape[0] != L:
+            raise ValueError(f"runs[{name!r}] h must have shape (L={L}, D, N), got {h.shape}")
+        if delta.shape != h.shape[:2]:
+            raise ValueError(f"runs[{name!r}] delta must have shape (L, D) = {h.shape[:2]}, got {delta.shape}")
+        if shape is not None and h.shape != shape:
+            raise ValueError(f"every run must have one shape (L, D, N); {name!r} has {h.shape}, another {shape}")
+        shape = h.shape
+        out[str(name)] = (h, delta)
+    return out
+
+
+def _sequence_text(tokens: list[str], t: int) -> str:
+    shown = [f"<b>[{tok}]</b>" if i == t else tok for i, tok in enumerate(tokens)]
+    lo = max(0, t - 20)
+    return ("… " if lo else "") + " ".join(shown[lo:t + 21]) + (" …" if t + 21 < len(tokens) else "")
+
+
+def _frame_traces(runs: dict, t: int) -> list:
+    traces = []
+    for h, delta in runs.values():
+        traces.append(go.Heatmap(z=h[t].tolist()))  # (D, N)
+        traces.append(go.Bar(y=delta[t].tolist()))  # (D,)
+    return traces
+
+
+def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: int | None = None,
+                     animate: bool = True) -> go.Figure:
+    """h_t as a (D × N) heatmap over Δ_t per channel, one column per run; `step` (default: the
+    last token) is shown first; `animate` adds one frame per token with a play button and slider."""
+    tokens = [str(t) for t in tokens]
+    runs = check_runs(tokens, runs)
+    L, D, N = next(iter(runs.values()))[0].shape
+    t = L - 1 if step is None else step
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < L:
+        raise ValueError(f"step must be an int in [0, {L - 1}], got {step!r}")
+    t = int(t)
+    names = list(runs)
+    zmax = max(float(np.abs(h).max()) for h, _ in runs.values()) or 1.0
+    dmax = max(float(d.max()) for _, d in runs.values()) or 1.0
+    fig = make_subplots(rows=2, cols=len(names), row_heights=[0.68, 0.32], vertical_spacing=0.12,
+                        horizontal_spacing=0.08,
+                        subplot_titles=[f"{n}: state h_t" for n in names] + [f"{n}: step size Δ_t" for n in names])
+    for col, (name, (h, delta)) in enumerate(runs.items(), start=1):
+        fig.add_trace(go.Heatmap(z=h[t].tolist(), zmin=-zmax, zmax=zmax, zmid=0, colorscale=DIVERGING,
+                                 showscale=col == len(names), colorbar={"title": {"text": "h"}, "len": 0.6, "y": 0.72},
+                                 hovertemplate="channel %{y}, state %{x}: h = %{z:.3f}<extra>" + name + "</extra>"),
+                      row=1, col=col)
+        fig.add_trace(go.Bar(y=delta[t].tolist(), marker_color=OKABE_ITO[col % len(OKABE_ITO)], showlegend=False,
+                             hovertemplate="channel %{x}: Δ = %{y:.3f}<extra>" + name + "</extra>"), row=2, col=col)
+        fig.update_yaxes(title_text="channel d" if col == 1 else None, autorange="reversed", row=1, col=col)
+        fig.update_xaxes(title_text="state index n", row=1, col=col)
+        fig.update_yaxes(range=[0, dmax * 1.05], title_text="Δ" if col == 1 else None, row=2, col=col)
+        fig.update_xaxes(title_text="channel d", row=2, col=col)
+    fig.update_layout(
+        title={"text": f"token {t + 1} of {L}: {_sequence_text(tokens, t)}", "font": {"size": 13}},
+        height=560, plot_bgcolor="white", bargap=0.15,
+        meta={"onemask": "ssm_state", "step": t, "runs": names, "shape": [L, D, N]})
+    if animate and L > 1:
+        frames, steps = [], []
+        for j in range(L):
+            frames.append(go.Frame(name=str(j + 1), data=_frame_traces(runs, j),
+                                   layout={"title": {"text": f"token {j + 1} of {L}: {_sequence_text(tokens, j)}"}}))
+            steps.append({"label": tokens[j], "method": "animate",
+                          "args": [[str(j + 1)], {"mode": "immediate", "frame": {"duration": 0, "redraw": True}}]})
+        fig.frames = frames
+        fig.update_layout(
+            sliders=[{"active": t, "steps": steps, "currentvalue": {"prefix": "token: "}, "pad": {"t": 50}}],
+            updatemenus=[{"type": "buttons", "showactive": False, "x": 0, "y": -0.2, "xanchor": "left",
+                          "buttons": [{"label": "▶ play", "method": "animate",
+                                       "args": [None, {"frame": {"duration": 300, "redraw": True},
+                                                       "fromcurrent": False}]}]}],
+            height=660)
+    return fig
+
+
+class SSMStateView:
+    """Live face: a slider over the tokens; with `recompute(text) -> (tokens, runs)`, a text box
+    for a new input sequence (the lesson passes a function that runs lib.ssm)."""
+
+    def __init__(self, tokens: Sequence[str], runs: Mapping[str, tuple], *,
+                 recompute: Callable[[str], tuple] | None = None, text: str = ""):
+        import ipywidgets as W
+
+        self.tokens = [str(t) for t in tokens]
+        self.runs = check_runs(self.tokens, runs)
+        self.recompute = recompute
+        style = {"description_width": "initial"}
+        self.status = W.HTML()
+        self.controls = {}
+        rows = []
+        if recompute is not None:
+            self.controls["text"] = W.Text(value=text, description="input sequence", style=style,
+                                           continuous_update=False, layout={"width": "60%"})
+            self.controls["text"].observe(self._on_text, names="value")
+            rows.append(self.controls["text"])
+        self.controls["step"] = W.IntSlider(value=len(self.tokens), min=1, max=len(self.tokens),
+                                            description="token", style=style, continuous_update=True)
+        self.controls["step"].observe(self._on_step, names="value")
+        self.figure = go.FigureWidget(ssm_state_figure(self.tokens, self.runs, animate=False))
+        self.widget = W.VBox(rows + [self.controls["step"], self.status, self.figure])
+
+    def set_step(self, step: int) -> None:
+        """Show token `step` (1-based, as the slider)."""
+        redraw(self.figure, ssm_state_figure(self.tokens, self.runs, step=step - 1, animate=False))
+
+    def _on_step(self, change) -> None:
+        self.set_step(change["new"])
+
+    def _on_text(self, change) -> None:
+        try:
+            tokens, runs = self.recompute(change["new"])
+            tokens = [str(t) for t in tokens]
+            runs = check_runs(tokens, runs)
+            if list(runs) != list(self.runs):
+                raise ValueError(f"recompute must return the runs {list(self.runs)}, got {list(runs)}")
+        except (ValueError, TypeError, KeyError) as err:  # a bad input sequence: say why, keep the old view
+            self.status.value = f"<span>Could not run this input: {err}</span>"
+            return
+        self.status.value = ""
+        self.tokens, self.runs = tokens, runs
+        slider = self.controls["step"]
+        with slider.hold_trait_notifications():
+            slider.max = len(tokens)
+            slider.value = len(tokens)
+        self.set_step(len(tokens))
+
+    def _repr_mimebundle_(self, **kwargs):
+        return live_mimebundle(self.widget, "SSMStateView", **kwargs)
