@@ -1,0 +1,148 @@
+"""Synthetic sequence tasks that separate architectures, generated on the fly (no data files).
+
+    selective_copying(batch, ...)   remember the few data tokens scattered among blanks, then
+                                    repeat them in order when the recall markers arrive (Mamba,
+                                    Gu & Dao 2023, §4.1.1: needs content-aware, selective memory)
+    train_on_task(model, task, ...) masked next-token training on any model whose forward(idx)
+                                    returns logits (B, T, V) (lib.gpt.GPT, lib.ssm.MambaLM, ...)
+    task_accuracy(model, task, ...) the share of answer tokens predicted exactly (greedy)
+
+A task is a function `task(batch, generator) -> (idx (B, T), targets (B, T))` with targets = -100
+wherever nothing is asked (the loss and the accuracy ignore those positions).
+
+Token ids of selective copying: 0 = blank (noise), 1 = recall marker, 2 .. 2 + n_symbols - 1 the
+data symbols. Vocabulary size = n_symbols + 2.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from lib._checks import require_int
+
+__all__ = ["BLANK", "IGNORE", "RECALL", "SelectiveCopying", "task_accuracy", "task_loss", "train_on_task"]
+
+BLANK, RECALL, IGNORE = 0, 1, -100
+
+Task = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
+class SelectiveCopying:
+    """Selective copying: `n_data` symbols at random positions among `n_blank` blanks, then
+    `n_data` recall markers; at the k-th marker the model must output the k-th symbol.
+
+    A model with a fixed (input-independent) recurrence must mix blanks and symbols alike into
+    its state; a selective one can skip the blanks. Calling the task gives one batch.
+    """
+
+    def __init__(self, n_data: int = 4, n_blank: int = 28, n_symbols: int = 8):
+        self.n_data = require_int("n_data", n_data, minimum=1)
+        self.n_blank = require_int("n_blank", n_blank, minimum=0)
+        self.n_symbols = require_int("n_symbols", n_symbols, minimum=1)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_symbols + 2
+
+    @property
+    def seq_len(self) -> int:
+        return self.n_data + self.n_blank + self.n_data
+
+    def __repr__(self) -> str:
+        return (f"SelectiveCopying(n_data={self.n_data}, n_blank={self.n_blank}, n_symbols={self.n_symbols}): "
+                f"sequences of {self.seq_len} tokens, vocabulary {self.vocab_size}")
+
+    def __call__(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(idx (B, T), targets (B, T)): targets hold the symbols at the marker positions, -100 elsewhere."""
+        require_int("batch", batch, minimum=1)
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        n, body = self.n_data, self.n_data + self.n_blank
+        symbols = torch.randint(2, 2 + self.n_symbols, (batch, n), generator=generator)  # (B, n)
+        # the data positions: n distinct positions in the body, in increasing order
+        positions = torch.rand(batch, body, generator=generator).argsort(dim=1)[:, :n].sort(dim=1).values  # (B, n)
+        idx = torch.full((batch, body + n), BLANK, dtype=torch.long)
+        idx.scatter_(1, positions, symbols)
+        idx[:, body:] = RECALL
+        targets = torch.full_like(idx, IGNORE)
+        targets[:, body:] = symbols  # the output at the k-th marker is the k-th symbol
+        return idx, targets
+
+    def describe(self, idx: torch.Tensor) -> str:
+        """One sequence as text: '.' blank, '?' marker, letters for symbols."""
+        names = {BLANK: ".", RECALL: "?"}
+        return " ".join(names.get(int(t), chr(ord("A") + int(t) - 2)) for t in idx)
+
+
+def _logits(model, idx: torch.Tensor) -> torch.Tensor:
+    out = model(idx)
+    logits = out[0] if isinstance(out, tuple) else out
+    if not (isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[:2] == idx.shape):
+        raise ValueError(f"model(idx) must return logits (B, T, V) for idx {tuple(idx.shape)}, "
+                         f"got {getattr(logits, 'shape', type(logits).__name__)}")
+    return logits
+
+
+def task_loss(model, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the positions that ask for an answer (targets != -100)."""
+    logits = _logits(model, idx)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def train_on_task(model, task: Task, *, steps: int = 300, batch_size: int = 32, lr: float = 3e-3,
+                  weight_decay: float = 0.0, seed: int = 0, on_step=None) -> list[float]:
+    """AdamW with a cosine schedule (5% warm-up) on fresh batches of `task`; returns every step's loss.
+    `on_step(step, loss)` is called after each step (e.g. widgets.LossCurve.update)."""
+    require_int("steps", steps, minimum=1)
+    require_int("batch_size", batch_size, minimum=1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no parameter with requires_grad=True: nothing to train")
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    warmup = max(1, steps // 20)
+
+    def schedule(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    model.train()
+    losses = []
+    for step in range(steps):
+        idx, targets = task(batch_size, g)
+        loss = task_loss(model, idx, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def task_accuracy(model, task: Task, *, batches: int = 4, batch_size: int = 64, seed: int = 1234) -> float:
+    """Share of answer positions whose greedy prediction is exactly the target (held-out seed)."""
+    require_int("batches", batches, minimum=1)
+    g = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    right = total = 0
+    for _ in range(batches):
+        idx, targets = task(batch_size, g)
+        pred = _logits(model, idx).argmax(-1)
+        asked = targets != IGNORE
+        right += int((pred[asked] == targets[asked]).sum())
+        total += int(asked.sum())
+    model.train(was_training)
+    return right / total
+

@@ -1,0 +1,66 @@
+"""Synthetic tasks: the batches ask exactly what they say, and training on them works for any
+model whose forward returns logits."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+from lib.tasks import BLANK, IGNORE, RECALL, SelectiveCopying, task_accuracy, task_loss, train_on_task
+
+
+def test_selective_copying_targets_are_the_symbols_in_order_at_the_markers():
+    task = SelectiveCopying(n_data=5, n_blank=11, n_symbols=6)
+    idx, targets = task(64, torch.Generator().manual_seed(0))
+    assert idx.shape == targets.shape == (64, task.seq_len) == (64, 21)
+    body = task.n_data + task.n_blank
+    assert (idx[:, body:] == RECALL).all() and (idx[:, :body] != RECALL).all()
+    assert (targets[:, :body] == IGNORE).all()
+    for row, tgt in zip(idx, targets):
+        symbols = row[:body][row[:body] != BLANK]
+        assert torch.equal(symbols, tgt[body:])  # in order of appearance, one per marker
+        assert ((symbols >= 2) & (symbols < task.vocab_size)).all()
+    # the positions vary from sequence to sequence (the point of "selective")
+    assert len({tuple((row[:body] != BLANK).nonzero().flatten().tolist()) for row in idx}) > 32
+
+
+def test_same_seed_same_batch_and_bad_arguments_are_refused():
+    task = SelectiveCopying()
+    a = task(4, torch.Generator().manual_seed(3))
+    b = task(4, torch.Generator().manual_seed(3))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="n_data must be >= 1"):
+        SelectiveCopying(n_data=0)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        task(2, 0)
+    assert task.describe(a[0][0]).endswith("? ? ? ?")
+
+
+class _Lookup(nn.Module):
+    """Sees the whole sequence (not causal): can solve the task, so training must reach 100%."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.task = task
+        self.emb = nn.Embedding(task.vocab_size, 32)
+        self.pos = nn.Parameter(torch.randn(task.seq_len, 32) * 0.1)
+        self.mix = nn.Linear(task.seq_len * 32, task.n_data * task.vocab_size)
+
+    def forward(self, idx):
+        B, T = idx.shape
+        h = (self.emb(idx) + self.pos).reshape(B, -1)
+        ans = self.mix(h).reshape(B, self.task.n_data, -1)
+        logits = torch.zeros(B, T, self.task.vocab_size)
+        return torch.cat([logits[:, :T - self.task.n_data], ans], dim=1)
+
+
+def test_training_lowers_the_loss_and_accuracy_counts_only_answers():
+    torch.manual_seed(0)
+    task = SelectiveCopying(n_data=2, n_blank=6, n_symbols=4)
+    model = _Lookup(task)
+    losses = train_on_task(model, task, steps=150, batch_size=64, lr=1e-2)
+    assert losses[-1] < 0.3 * losses[0]
+    assert task_accuracy(model, task) > 0.9
+    idx, targets = task(8, torch.Generator().manual_seed(1))
+    assert torch.isfinite(task_loss(model, idx, targets))
+    with pytest.raises(ValueError, match="logits"):
+        task_loss(lambda i: i.float(), idx, targets)
