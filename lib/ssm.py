@@ -1,0 +1,759 @@
+"""State-space models: the selective scan and a small Mamba language model.
+
+Follows Mamba (Gu & Dao 2023, arXiv 2312.00752): §2 for the discretised SSM, §3.2 and Algorithm 2
+for the selective SSM (S6), §3.4 / Fig. 3 for the block; parameter names and initialisation as in
+the official `mamba_ssm/modules/mamba_simple.py` (and mamba-minimal's `model.py`).
+
+    discretize     Ā = exp(Δ·A) (zero-order hold), B̄ = Δ·B (Euler, as the official code does)
+    recurrence     h_t = Ā_t ⊙ h_{t-1} + B̄_t x_t            per channel d and state n
+                   y_t = C_t · h_t  (+ D ⊙ x_t)               C_t contracts the N state entries
+    selective      Δ, B, C computed from x_t (S6); non-selective (LTI, S4D-like): fixed parameters
+    LTI            with fixed Ā, B̄, C the recurrence is a convolution, y = K * x with
+                   K_k = C · (Ā^k ⊙ B̄)  (`lti_kernel`, `ssm_convolution`)
+
+Three scans, equal up to rounding (tests/test_ssm.py asserts it, values and gradients):
+
+    selective_scan_ref   one Python step per position, fp32: the definition
+    selective_scan       chunked: a step per position *inside* a chunk, all chunks at once, then a
+                         short loop carrying the state across chunks (see its docstring; measured
+                         by tools/bench_ssm.py, benchmarks/ssm_cpu.json)
+    parallel_scan_ref    Hillis-Steele doubling with `scan_combine`, log2(L) steps (teaching)
+
+Every exponential is of Δ·A ≤ 0 or of a sum of such terms, so nothing overflows however large Δ
+or L: the decays lie in [0, 1] and the state can only forget.
+
+The model: `MambaLM(MambaConfig)`, embedding → n_layers × `MambaBlock` (x + mixer(norm(x))) →
+norm → tied head, with `forward(idx, targets)` like `lib.gpt.GPT` (so `lib.gpt.train_gpt` trains
+it), `prefill` / `step` for recurrent decoding with a constant-size `MambaState`, `generate`, and
+`state_bytes` (compare `lib.kv_cache.kv_cache_bytes`, which grows with the context).
+`MambaMixer` also takes `lib.gpt.Block`'s call signature, so it can stand in for attention there.
+The official layout keeps x_proj, dt_proj, A_log and D directly in the mixer; here they sit in its
+`ssm` (a `SelectiveSSM`), so their names gain an `ssm.` step.
+
+Glossary (the paper's letters): B batch, L sequence length (T in lib.gpt), D channels the scan runs
+over (d_inner = expand · d_model in the model), N state size per channel (d_state), R rank of Δ's
+projection (dt_rank), K conv width (d_conv), Lc chunk length, V vocabulary. As in the paper, B, C
+and D also name the input matrix, the output matrix and the skip; in code the sizes are lower case
+(b, l, d, n).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lib._checks import require_int, require_rank, require_tensor, require_token_ids
+from lib.gpt import _check_targets
+from lib.kv_cache import bytes_per_element
+from lib.sampling import _check_knobs, sample_next_token
+
+__all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "SCANS", "SelectiveSSM",
+           "default_chunk_size", "discretize", "generate", "lti_kernel", "parallel_scan_ref", "scan_combine",
+           "selective_scan", "selective_scan_ref", "ssm_convolution", "state_bytes", "trace_states"]
+
+
+# --------------------------------------------------------------------------- input checks
+def _check_scan_inputs(x, delta, A, B, C, D, h0) -> None:
+    """Shapes x, delta (B, L, D); A (D, N) < 0; B, C (B, L, N); D (D,); h0 (B, D, N); delta >= 0."""
+    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C)):
+        require_tensor(name, t, floating=True)
+    require_rank("x", x, 3, "(B, L, D)")
+    b, l, d = x.shape
+    if b == 0 or l == 0 or d == 0:
+        raise ValueError(f"x must have shape (B, L, D) with every size >= 1, got {tuple(x.shape)}")
+    require_rank("A", A, 2, "(D, N)")
+    n = A.shape[1]
+    wanted = {"delta": (delta, "(B, L, D)", (b, l, d), "like x"), "A": (A, "(D, N)", (d, n), "with D = x.shape[-1]"),
+              "B": (B, "(B, L, N)", (b, l, n), "with N = A.shape[1]"), "C": (C, "(B, L, N)", (b, l, n), "like B")}
+    if D is not None:
+        require_tensor("D", D, floating=True)
+        wanted["D"] = (D, "(D,)", (d,), "(one skip weight per channel)")
+    if h0 is not None:
+        require_tensor("h0", h0, floating=True)
+        wanted["h0"] = (h0, "(B, D, N)", (b, d, n), "(the state before position 0)")
+    for name, (t, layout, shape, note) in wanted.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {layout} = {shape} {note}, got {tuple(t.shape)}")
+    devices = {name: t.device for name, (t, *_) in wanted.items()}
+    if any(dev != x.device for dev in devices.values()):
+        raise ValueError(f"x, delta, A, B, C (and D, h0) must share one device, got x: {x.device}, "
+                         + ", ".join(f"{k}: {v}" for k, v in devices.items()))
+    if n == 0:
+        raise ValueError("A must have shape (D, N) with N >= 1 state entries per channel, got N = 0")
+    if not bool((A < 0).all()):
+        raise ValueError("A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; "
+                         f"A >= 0 makes the state grow without bound (got max {A.max().item():.4g}). "
+                         "Mamba stores A = -exp(A_log).")
+    if not bool((delta >= 0).all()):  # NaN fails too
+        raise ValueError(f"delta must be >= 0: it is a step size Δ (Mamba makes it positive with softplus), "
+                         f"got min {delta.min().item():.4g}")
+
+
+def _work_dtype(*tensors) -> torch.dtype:
+    """fp32, or fp64 if any input is fp64: the scans never compute in half precision."""
+    dtype = torch.float32
+    for t in tensors:
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _finish(y: torch.Tensor, x: torch.Tensor, D, h: torch.Tensor, return_state: bool, dtype: torch.dtype):
+    """Add the skip D ⊙ x (all in the working dtype), return y in `dtype` (x's), h as computed."""
+    if D is not None:
+        y = y + x * D.to(y.dtype)  # (B, L, D) + (B, L, D) * (D,)
+    y = y.to(dtype)
+    return (y, h) if return_state else y
+
+
+# --------------------------------------------------------------------------- the pieces
+def discretize(delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba's discretisation: Ā = exp(Δ·A) (zero-order hold), B̄ = Δ·B (Euler; Mamba §2 and the
+    official `selective_scan_ref` simplify ZOH's B̄ = (ΔA)⁻¹(exp(ΔA) − I)·ΔB to this).
+
+    delta (..., D), A (D, N), B (..., N) with the same leading dims -> Ā, B̄ (..., D, N). With
+    delta (B, L, D) and B (B, L, N) that is per (b, l, d, n); with delta (D,), B (N,) the LTI case.
+    """
+    for name, t in (("delta", delta), ("A", A), ("B", B)):
+        require_tensor(name, t, floating=True)
+    require_rank("A", A, 2, "(D, N)")
+    if delta.dim() == 0 or delta.shape[-1] != A.shape[0]:
+        raise ValueError(f"delta must have shape (..., D) with D = A.shape[0] = {A.shape[0]}, got {tuple(delta.shape)}")
+    if B.dim() == 0 or B.shape[-1] != A.shape[1] or B.shape[:-1] != delta.shape[:-1]:
+        raise ValueError(f"B must have shape (..., N) = {(*delta.shape[:-1], A.shape[1])} (delta's leading dims, "
+                         f"N = A.shape[1]), got {tuple(B.shape)}")
+    A_bar = torch.exp(delta.unsqueeze(-1) * A)  # (..., D, 1) * (D, N) -> (..., D, N)
+    B_bar = delta.unsqueeze(-1) * B.unsqueeze(-2)  # (..., D, 1) * (..., 1, N) -> (..., D, N)
+    return A_bar, B_bar
+
+
+def scan_combine(left: tuple[torch.Tensor, torch.Tensor],
+                 right: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The associative operator of the linear recurrence.
+
+    A pair (a, b) stands for the step h -> a ⊙ h + b. Doing `left` then `right` is again such a
+    step: (a1, b1) ∘ (a2, b2) = (a1 ⊙ a2, a2 ⊙ b1 + b2). Associativity lets a parallel scan group the
+    steps in any order (Blelloch 1990; Martin & Cundy 2018). Tensors broadcast.
+    """
+    (a1, b1), (a2, b2) = left, right
+    for name, t in (("left[0]", a1), ("left[1]", b1), ("right[0]", a2), ("right[1]", b2)):
+        require_tensor(name, t, floating=True)
+    return a1 * a2, torch.addcmul(b2, a2, b1)
+
+
+# --------------------------------------------------------------------------- the scans
+def selective_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                       D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False):
+    """The selective scan as its definition: one step per position, in fp32 (fp64 if given fp64).
+
+    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; h0 (B, D, N) or None
+    (zeros) -> y (B, L, D) in x's dtype, and with `return_state` also h_L (B, D, N), the state
+    after the last position (what recurrent decoding and the next chunk start from).
+
+    Mirrors the official `selective_scan_ref`: Ā, B̄x precomputed, then h = Ā_t ⊙ h + B̄_t x_t,
+    y_t = C_t · h. The loop takes slices with `unbind` and stacks the outputs once: writing into or
+    indexing a growing tensor inside the loop would make autograd's backward quadratic in L.
+    """
+    _check_scan_inputs(x, delta, A, B, C, D, h0)
+    return _scan_ref(x, delta, A, B, C, D, h0, return_state)
+
+
+def _scan_ref(x, delta, A, B, C, D, h0, return_state):
+    wt = _work_dtype(x, delta, A, B, C, D, h0)
+    x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    b, l, d = x_.shape
+    A_bar = (delta.unsqueeze(-1) * A).exp_()  # (B, L, D, 1) * (D, N) -> (B, L, D, N); in place: no second buffer
+    Bx = (delta * x_).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, 1) * (B, L, 1, N) -> (B, L, D, N)
+    h = x_.new_zeros(b, d, A.shape[1]) if h0 is None else h0.to(wt)  # (B, D, N)
+    ys = []
+    for a_t, bx_t, c_t in zip(A_bar.unbind(1), Bx.unbind(1), C.unbind(1)):  # (B, D, N), (B, D, N), (B, N)
+        h = a_t * h + bx_t  # (B, D, N)
+        ys.append((h * c_t.unsqueeze(1)).sum(-1))  # (B, D, N) · (B, 1, N) -> (B, D)
+    y = torch.stack(ys, dim=1)  # L x (B, D) -> (B, L, D)
+    return _finish(y, x_, D, h, return_state, x.dtype)
+
+
+def default_chunk_size(L: int) -> int:
+    """The chunk length `selective_scan` uses for a sequence of L positions when none is given.
+
+    The chunked scan takes about 2·Lc + L/Lc Python steps (two passes over the positions of a
+    chunk, one over the chunks); their sum is smallest near Lc = sqrt(L/2), rounded here to a
+    power of two (32 at L = 2048). tools/bench_ssm.py sweeps Lc at L = 2048 and records it in
+    benchmarks/ssm_cpu.json; on a 2-core CPU with one thread, Lc = 16, 32 and 64 measured within
+    10% of each other, smaller and larger chunks slower.
+    """
+    require_int("L", L, minimum=1)
+    return min(L, max(4, 2 ** math.floor(math.log2(math.sqrt(L / 2)) + 0.5)))  # the nearest power of two
+
+
+def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False,
+                   chunk_size: int | None = None):
+    """The selective scan, chunked: the same result as `selective_scan_ref` (same arguments, same
+    returns) with about 2·Lc + L/Lc Python steps instead of L. Differentiable by autograd.
+
+    The sequence is cut into L/Lc chunks of Lc positions (the last padded with Δ = 0: Ā = 1 and
+    B̄x = 0, so the state passes through the padding unchanged). Then:
+
+      1. each chunk's own final state, starting from zero: Lc steps, every chunk at once;
+      2. the carry: the state entering chunk c is H_c = exp(A · ΣΔ over chunk c-1) ⊙ H_{c-1} +
+         (chunk c-1's own state): a loop over chunks on one state per sequence. ΣΔ is the segment
+         sum of Δ over the chunk (log space: the decay's logarithm); the decay is <= 1;
+      3. each chunk again from its true start state H_c, reading y_t = C_t · h_t: Lc steps.
+
+    Why not the quadratic "segment-sum" form of Mamba-2's SSD (decay exp(cumsum_t − cumsum_s) for
+    s <= t as a masked (Lc, Lc) matrix, then a matmul)? In Mamba-2 A is a scalar per head, so the
+    decay matrix is shared by all N state entries and N contracts in a matmul. Here Ā depends on
+    the channel d and the state entry n, so that matrix is (B, L/Lc, Lc, Lc, D, N): Lc times the
+    work and memory of the scan itself (2 GB at L = 4096, Lc = 64 for the benchmark's sizes), and it
+    measured slower than the plain loop on a CPU. The form above does the linear amount of work.
+    """
+    _check_scan_inputs(x, delta, A, B, C, D, h0)
+    if chunk_size is not None:
+        require_int("chunk_size", chunk_size, minimum=1)
+    return _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size)
+
+
+def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None):
+    wt = _work_dtype(x, delta, A, B, C, D, h0)
+    x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    b, l, d = x_.shape
+    n = A.shape[1]
+    lc = min(chunk_size or default_chunk_size(l), l)
+    nc = -(-l // lc)  # chunks, rounded up
+    u = delta * x_  # (B, L, D): Δ_t x_t, the input before B spreads it over the state
+    if nc * lc != l:  # pad the time axis; Δ = 0 keeps the state unchanged through the padding
+        delta, u, B, C = (F.pad(t, (0, 0, 0, nc * lc - l)) for t in (delta, u, B, C))
+
+    def by_position(t):  # (B, nc·Lc, k) -> (Lc, B, nc, k): one slice per position in a chunk
+        return t.view(b, nc, lc, t.shape[-1]).permute(2, 0, 1, 3).contiguous()
+
+    delta_p, u_p, B_p, C_p = map(by_position, (delta, u, B, C))
+    # The state is held as (N, D), D innermost: reading y_t = C_t · h_t is then a (1, N) @ (N, D)
+    # matmul, several times faster on a CPU than a product and a sum over a short innermost N.
+    At = A.t()  # (N, D)
+    A_bar = (delta_p.unsqueeze(-2) * At).exp_()  # (Lc, B, nc, 1, D) * (N, D) -> (Lc, B, nc, N, D)
+    a = A_bar.unbind(0)  # Lc x (B, nc, N, D)
+    # B̄_t x_t = B_t ⊗ (Δ_t x_t) is formed inside each step from its two small factors, not stored
+    # for all positions: the loops are memory-bound, and reading one fewer (B, L, N, D) tensor twice
+    # saves more than the step's extra multiply costs.
+    Bs, us, c = B_p.unsqueeze(-1).unbind(0), u_p.unsqueeze(-2).unbind(0), C_p.unsqueeze(-2).unbind(0)
+    # Lc x (B, nc, N, 1), (B, nc, 1, D), (B, nc, 1, N)
+
+    h = Bs[0] * us[0]  # 1. every chunk's own final state, from zero: (B, nc, N, D)
+    for t in range(1, lc):
+        h = torch.addcmul(a[t] * h, Bs[t], us[t])  # (B, nc, N, D): Ā_t ⊙ h + B_t ⊗ Δ_t x_t
+    chunk_decay = torch.exp(delta_p.sum(0).unsqueeze(-2) * At)  # (B, nc, 1, D) * (N, D) -> (B, nc, N, D), <= 1
+
+    carry = x_.new_zeros(b, n, d) if h0 is None else h0.to(wt).transpose(1, 2)  # 2. the carry: (B, N, D)
+    starts = []
+    for decay_c, own_c in zip(chunk_decay.unbind(1), h.unbind(1)):
+        starts.append(carry)
+        carry = torch.addcmul(own_c, decay_c, carry)  # the state leaving chunk c
+    h = torch.stack(starts, dim=1)  # (B, nc, N, D): the state entering each chunk
+
+    ys = []  # 3. every chunk from its true start
+    for t in range(lc):
+        h = torch.addcmul(a[t] * h, Bs[t], us[t])  # (B, nc, N, D)
+        ys.append(torch.matmul(c[t], h))  # (B, nc, 1, N) @ (B, nc, N, D) -> (B, nc, 1, D)
+    y = torch.cat(ys, dim=2).view(b, nc * lc, d)[:, :l]  # Lc x (B, nc, 1, D) -> (B, nc, Lc, D) -> (B, L, D)
+    return _finish(y, x_, D, carry.transpose(1, 2).contiguous(), return_state, x.dtype)  # state (B, D, N)
+
+
+def parallel_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                      D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False):
+    """The selective scan by Hillis-Steele doubling (1986): log2(L) rounds of `scan_combine`, each
+    over all positions at once. Same arguments and result as `selective_scan_ref`.
+
+    After round r, position t holds the composition of steps t − 2^r + 1 .. t (identity steps
+    (1, 0) stand in before position 0). It does L·log2(L) combines instead of L, and every round
+    writes new (B, L, D, N) tensors (autograd keeps them all): a teaching implementation.
+    """
+    _check_scan_inputs(x, delta, A, B, C, D, h0)
+    return _scan_parallel(x, delta, A, B, C, D, h0, return_state)
+
+
+def _scan_parallel(x, delta, A, B, C, D, h0, return_state):
+    wt = _work_dtype(x, delta, A, B, C, D, h0)
+    x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    l = x_.shape[1]
+    a = torch.exp(delta.unsqueeze(-1) * A)  # (B, L, D, N)
+    h = (delta * x_).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, N): becomes h_t once every step is folded in
+    if h0 is not None:  # the state before position 0 enters through the first step's offset
+        h = torch.cat([h[:, :1] + a[:, :1] * h0.to(wt).unsqueeze(1), h[:, 1:]], dim=1)
+    k = 1
+    while k < l:
+        a_prev = torch.cat([torch.ones_like(a[:, :k]), a[:, :-k]], dim=1)  # (B, L, D, N): steps ending at t - k
+        h_prev = torch.cat([torch.zeros_like(h[:, :k]), h[:, :-k]], dim=1)
+        a, h = scan_combine((a_prev, h_prev), (a, h))
+        k *= 2
+    y = (h * C.unsqueeze(2)).sum(-1)  # (B, L, D, N) · (B, L, 1, N) -> (B, L, D)
+    return _finish(y, x_, D, h[:, -1], return_state, x.dtype)
+
+
+SCANS: dict[str, Callable] = {"chunked": selective_scan, "ref": selective_scan_ref, "parallel": parallel_scan_ref}
+_SCANS_UNCHECKED = {"chunked": _scan_chunked, "ref": _scan_ref, "parallel": _scan_parallel}
+
+
+# --------------------------------------------------------------------------- LTI: a convolution
+def lti_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, L: int) -> torch.Tensor:
+    """The convolution kernel of a time-invariant diagonal SSM: K_k = Σ_n C_n Ā_n^k B̄_n, k < L.
+
+    A_bar, B_bar (D, N) (fixed over time: one Δ per channel); C (N,) or (D, N) -> K (D, L). Then
+    y = K * x (`ssm_convolution`) equals the recurrence h_t = Ā ⊙ h_{t-1} + B̄ x_t, y_t = C · h_t
+    started from zero (S4, Gu et al. 2021, §3.2; the Vandermonde form of S4D).
+    """
+    for name, t in (("A_bar", A_bar), ("B_bar", B_bar), ("C", C)):
+        require_tensor(name, t, floating=True)
+    require_rank("A_bar", A_bar, 2, "(D, N)")
+    require_int("L", L, minimum=1)
+    if tuple(B_bar.shape) != tuple(A_bar.shape):
+        raise ValueError(f"B_bar must have shape (D, N) = {tuple(A_bar.shape)} like A_bar, got {tuple(B_bar.shape)}")
+    if tuple(C.shape) not in ((A_bar.shape[1],), tuple(A_bar.shape)):
+        raise ValueError(f"C must have shape (N,) = ({A_bar.shape[1]},) or (D, N) = {tuple(A_bar.shape)}, "
+                         f"got {tuple(C.shape)}")
+    k = torch.arange(L, device=A_bar.device, dtype=A_bar.dtype)  # (L,)
+    powers = A_bar.unsqueeze(-1) ** k  # (D, N, 1) ** (L,) -> (D, N, L): Ā^k, a Vandermonde matrix per channel
+    return torch.einsum("dnl,dn->dl", powers, C * B_bar)  # (D, N, L) · (D, N) -> (D, L)
+
+
+def ssm_convolution(x: torch.Tensor, K: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
+    """The causal depthwise convolution y_t = Σ_{k<=t} K_k ⊙ x_{t−k} (+ D ⊙ x_t), by FFT (as S4).
+
+    x (B, L, D); K (D, L_K) with L_K >= L (`lti_kernel`); D (D,) or None -> y (B, L, D). Both
+    signals are zero-padded to 2L so the FFT's circular convolution does not wrap around.
+    """
+    require_tensor("x", x, floating=True)
+    require_tensor("K", K, floating=True)
+    require_rank("x", x, 3, "(B, L, D)")
+    require_rank("K", K, 2, "(D, L_K)")
+    b, l, d = x.shape
+    if K.shape[0] != d or K.shape[1] < l:
+        raise ValueError(f"K must have shape (D, L_K) with D = {d} and L_K >= L = {l}, got {tuple(K.shape)}")
+    if D is not None:
+        require_tensor("D", D, floating=True)
+        if tuple(D.shape) != (d,):
+            raise ValueError(f"D must have shape (D,) = ({d},), got {tuple(D.shape)}")
+    wt = _work_dtype(x, K)
+    xf = torch.fft.rfft(x.to(wt).transpose(1, 2), n=2 * l)  # (B, D, L) -> (B, D, L + 1) complex
+    kf = torch.fft.rfft(K[:, :l].to(wt), n=2 * l)  # (D, L) -> (D, L + 1)
+    y = torch.fft.irfft(xf * kf, n=2 * l)[..., :l].transpose(1, 2)  # (B, D, 2L) -> (B, L, D)
+    if D is not None:
+        y = y + x.to(wt) * D.to(wt)
+    return y.to(x.dtype)
+
+
+# --------------------------------------------------------------------------- the model
+SCAN_NAMES = tuple(SCANS)
+NORMS = ("rms", "layer")
+
+
+@dataclass
+class MambaConfig:
+    vocab_size: int  # V
+    d_model: int  # C, the residual stream's width
+    n_layers: int
+    d_state: int = 16  # N
+    d_conv: int = 4  # K
+    expand: int = 2  # d_inner = expand · d_model, the channels D the scan runs over
+    dt_rank: int | str = "auto"  # R; "auto" = ceil(d_model / 16) as in Mamba (an int after __post_init__)
+    selective: bool = True  # False: Δ, B, C fixed parameters (LTI, S4D-like) instead of functions of x
+    scan: str = "chunked"  # "chunked", "ref" or "parallel" (SCANS)
+    chunk_size: int | None = None  # None: default_chunk_size(L)
+    norm: str = "rms"  # "rms" (RMSNorm, as Mamba) or "layer" (LayerNorm)
+    norm_eps: float = 1e-5
+    dt_min: float = 1e-3  # the initial Δ is log-uniform in [dt_min, dt_max] (Mamba's dt bias init)
+    dt_max: float = 1e-1
+    dt_init_floor: float = 1e-4
+    conv_bias: bool = True
+    bias: bool = False  # in_proj and out_proj
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "d_state", "d_conv", "expand"):
+            require_int(name, getattr(self, name), minimum=1)
+        if self.dt_rank == "auto":
+            self.dt_rank = math.ceil(self.d_model / 16)
+        require_int("dt_rank", self.dt_rank, minimum=1)
+        if self.scan not in SCANS:
+            raise ValueError(f"scan must be one of {SCAN_NAMES}, got {self.scan!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.chunk_size is not None:
+            require_int("chunk_size", self.chunk_size, minimum=1)
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @classmethod
+    def tiny(cls, vocab_size: int = 64, **changes) -> "MambaConfig":
+        """A Mamba as wide and deep as `GPTConfig.tiny()` (d_model 128, 4 layers): seconds to train."""
+        base = dict(vocab_size=vocab_size, d_model=128, n_layers=4)
+        base.update(changes)
+        return cls(**base)
+
+
+def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))  # softplus(x) = y  <=>  x = y + log(1 - exp(-y))
+
+
+class SelectiveSSM(nn.Module):
+    """The SSM of a Mamba mixer (S6, Mamba Algorithm 2): x (B, L, D) -> y (B, L, D), D = d_inner.
+
+    Selective: [Δ_low, B, C] = x_proj(x) (R + 2N outputs), Δ = softplus(dt_proj(Δ_low)) (B, L, D).
+    Non-selective (config.selective=False, LTI): Δ = softplus(dt_bias) (D,), B and C (N,) are
+    parameters, the same at every position. Both: A = −exp(A_log) (D, N), S4D-real init
+    A[d, n] = −(n + 1); D (D,) init 1; Δ's bias so that softplus(bias) is log-uniform in
+    [dt_min, dt_max] (the official dt_proj init).
+    """
+
+    def __init__(self, config: MambaConfig):
+        super().__init__()
+        d, n, r = config.d_inner, config.d_state, config.dt_rank
+        self.selective, self.scan, self.chunk_size = config.selective, config.scan, config.chunk_size
+        self.d_state, self.dt_rank = n, r
+        A = torch.arange(1, n + 1, dtype=torch.float32).repeat(d, 1)  # (D, N): row d is 1..N
+        self.A_log = nn.Parameter(torch.log(A))  # stored as a log so A = −exp(A_log) stays negative
+        self.D = nn.Parameter(torch.ones(d))
+        dt = torch.exp(torch.rand(d) * (math.log(config.dt_max) - math.log(config.dt_min)) + math.log(config.dt_min))
+        dt_bias = _inverse_softplus(dt.clamp(min=config.dt_init_floor))  # (D,)
+        if self.selective:
+            self.x_proj = nn.Linear(d, r + 2 * n, bias=False)
+            self.dt_proj = nn.Linear(r, d, bias=True)
+            nn.init.uniform_(self.dt_proj.weight, -r ** -0.5, r ** -0.5)
+            with torch.no_grad():
+                self.dt_proj.bias.copy_(dt_bias)
+            self.dt_proj.bias._no_reinit = True  # MambaLM's init leaves it alone (as the official code)
+        else:
+            self.dt_bias = nn.Parameter(dt_bias)
+            self.B = nn.Parameter(torch.ones(n))
+            self.C = nn.Parameter(torch.randn(n) * n ** -0.5)
+
+    def ssm_params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Δ (B, L, D), A (D, N), B (B, L, N), C (B, L, N) for inputs x (B, L, D)."""
+        b, l, d = x.shape
+        A = -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (D, N), never half
+        if not self.selective:
+            delta = F.softplus(self.dt_bias).expand(b, l, d)  # (D,) -> (B, L, D), the same at every step
+            return delta, A, self.B.expand(b, l, -1), self.C.expand(b, l, -1)  # (N,) -> (B, L, N)
+        dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)  # (B, L, R), 2 x (B, L, N)
+        delta = F.softplus(self.dt_proj(dt))  # (B, L, R) -> (B, L, D), > 0
+        return delta, A, B, C
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, L, D), h0 (B, D, N) or None -> y (B, L, D), h_L (B, D, N)."""
+        delta, A, B, C = self.ssm_params(x)
+        if self.scan == "chunked":
+            return _scan_chunked(x, delta, A, B, C, self.D, h0, True, self.chunk_size)
+        return _SCANS_UNCHECKED[self.scan](x, delta, A, B, C, self.D, h0, True)
+
+    def step(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One position: x (B, D), h (B, D, N) -> y (B, D), the next h (B, D, N)."""
+        delta, A, B, C = self.ssm_params(x.unsqueeze(1))  # (B, 1, D), (D, N), (B, 1, N), (B, 1, N)
+        delta, B, C = delta[:, 0], B[:, 0], C[:, 0]  # (B, D), (B, N), (B, N)
+        h = torch.exp(delta.unsqueeze(-1) * A) * h + (delta * x).unsqueeze(-1) * B.unsqueeze(1)  # (B, D, N)
+        y = (h * C.unsqueeze(1)).sum(-1) + self.D * x  # (B, D, N) · (B, 1, N) -> (B, D)
+        return y, h
+
+
+@dataclass
+class MambaState:
+    """What a MambaLM carries from one position to the next, per layer: `conv[i]` the conv's last
+    K − 1 inputs (B, d_inner, K − 1) and `ssm[i]` the SSM state (B, d_inner, N). Its size does not
+    depend on how many positions have been read (a KV cache grows by one entry per position)."""
+
+    conv: list[torch.Tensor] = field(default_factory=list)
+    ssm: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return self.ssm[0].shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.conv, *self.ssm))
+
+
+def _make_norm(config: MambaConfig) -> nn.Module:
+    if config.norm == "rms":
+        return nn.RMSNorm(config.d_model, eps=config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+
+
+class MambaMixer(nn.Module):
+    """Mamba's mixer (Fig. 3): in_proj to 2·d_inner (x and the gate z), a causal depthwise conv
+    of width K on x, SiLU, the selective SSM, y ⊙ SiLU(z), out_proj. (B, T, C) -> (B, T, C).
+
+    `forward` takes `lib.gpt.Block`'s keyword arguments, so `Block(gpt_config, attn=MambaMixer(...))`
+    runs; a mixer keeps no KV cache and reads order from its recurrence, so `rope` is ignored and
+    `cache` and `mask` must be None.
+    """
+
+    def __init__(self, config: MambaConfig):
+        super().__init__()
+        if not isinstance(config, MambaConfig):
+            raise TypeError(f"config must be a MambaConfig, got {type(config).__name__}")
+        C, E, K = config.d_model, config.d_inner, config.d_conv
+        self.d_inner, self.d_conv = E, K
+        self.in_proj = nn.Linear(C, 2 * E, bias=config.bias)
+        # Declared as the official code declares it (padding K − 1, output trimmed to the first T);
+        # `forward_with_state` pads the left itself, with zeros or the carried inputs: the same thing.
+        self.conv1d = nn.Conv1d(E, E, kernel_size=K, groups=E, padding=K - 1, bias=config.conv_bias)
+        self.ssm = SelectiveSSM(config)
+        self.out_proj = nn.Linear(E, C, bias=config.bias)
+
+    def forward(self, x: torch.Tensor, *, cache=None, start: int = 0, rope=None, mask=None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C), from a zero state."""
+        if cache is not None or mask is not None:
+            raise ValueError("a Mamba mixer takes no KV cache and no padding mask (cache and mask must be None): "
+                             "it carries a recurrent state instead, see MambaLM.prefill and MambaLM.step")
+        return self.forward_with_state(x)[0]
+
+    def forward_with_state(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """x (B, T, C), state (conv (B, E, K−1), ssm (B, E, N)) or None (zeros) -> y (B, T, C) and
+        the state after the last position. E = d_inner."""
+        B, T, _ = x.shape
+        E, K = self.d_inner, self.d_conv
+        xs, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, 2E) -> 2 x (B, T, E)
+        xs = xs.transpose(1, 2)  # (B, T, E) -> (B, E, T)
+        conv_state = xs.new_zeros(B, E, K - 1) if state is None else state[0].to(xs.dtype)
+        window = torch.cat([conv_state, xs], dim=-1)  # (B, E, K − 1 + T)
+        xs = F.conv1d(window, self.conv1d.weight, self.conv1d.bias, groups=E)  # (B, E, T): position t sees t−K+1..t
+        xs = F.silu(xs).transpose(1, 2)  # (B, E, T) -> (B, T, E)
+        y, h = self.ssm(xs, None if state is None else state[1])  # (B, T, E), (B, E, N)
+        y = y * F.silu(z)  # the gate
+        new_state = (window[..., window.shape[-1] - (K - 1):], h.to(x.dtype))  # last K − 1 inputs, (B, E, N)
+        return self.out_proj(y), new_state
+
+    def step(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """One position: x (B, C), state (conv (B, E, K−1), ssm (B, E, N)) -> y (B, C), the next state."""
+        conv_state, h = state
+        xs, z = self.in_proj(x).chunk(2, dim=-1)  # (B, 2E) -> 2 x (B, E)
+        window = torch.cat([conv_state, xs.unsqueeze(-1)], dim=-1)  # (B, E, K): the conv's whole receptive field
+        xs = (window * self.conv1d.weight[:, 0]).sum(-1)  # (B, E, K) · (E, K) -> (B, E): one conv output
+        if self.conv1d.bias is not None:
+            xs = xs + self.conv1d.bias
+        y, h = self.ssm.step(F.silu(xs), h)  # (B, E), (B, E, N)
+        y = y * F.silu(z)
+        return self.out_proj(y), (window[..., 1:], h)  # the window drops its oldest input
+
+
+class MambaBlock(nn.Module):
+    """A pre-norm residual block, as Mamba's `Block`: x + mixer(norm(x)). (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, config: MambaConfig):
+        super().__init__()
+        self.norm = _make_norm(config)
+        self.mixer = MambaMixer(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mixer(self.norm(x))
+
+    def forward_with_state(self, x: torch.Tensor, state=None):
+        y, state = self.mixer.forward_with_state(self.norm(x), state)
+        return x + y, state
+
+    def step(self, x: torch.Tensor, state):
+        y, state = self.mixer.step(self.norm(x), state)
+        return x + y, state
+
+
+class MambaLM(nn.Module):
+    """A Mamba language model: embedding -> n_layers × MambaBlock -> norm -> head tied to the
+    embedding (the official MambaLMHeadModel). `forward(idx)` returns logits (B, T, V);
+    `forward(idx, targets)` returns (logits, loss), targets[b, t] the token after idx[b, t]
+    (−100 = ignore), as `lib.gpt.GPT`. No positional embedding and no context limit."""
+
+    def __init__(self, config: MambaConfig):
+        super().__init__()
+        if not isinstance(config, MambaConfig):
+            raise TypeError(f"config must be a MambaConfig, got {type(config).__name__}")
+        self.config = config
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList([MambaBlock(config) for _ in range(config.n_layers)])
+        self.norm_f = _make_norm(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.embedding.weight  # tied
+        # The official init: zero biases (but dt_proj's), embedding std 0.02, and each residual
+        # branch's out_proj scaled by 1/sqrt(n_layers) so the stream's variance does not grow with depth.
+        for module in self.modules():
+            bias = getattr(module, "bias", None)
+            if isinstance(module, nn.Linear) and bias is not None and not getattr(bias, "_no_reinit", False):
+                nn.init.zeros_(bias)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        for name, p in self.named_parameters():
+            if name.endswith("out_proj.weight"):
+                nn.init.kaiming_uniform_(p, a=math.sqrt(5))
+                with torch.no_grad():
+                    p /= math.sqrt(config.n_layers)
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (the tied head counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _check_idx(self, name: str, idx) -> None:
+        require_token_ids(name, idx, vocab_size=self.config.vocab_size, max_len=sys.maxsize, context="(none)")
+        if idx.device != self.embedding.weight.device:
+            raise ValueError(f"{name} must be on the model's device {self.embedding.weight.device}, got {idx.device}")
+
+    def _check_state(self, state, batch: int) -> None:
+        if not isinstance(state, MambaState):
+            raise TypeError(f"state must be a MambaState (from new_state, prefill or step), got {type(state).__name__}")
+        L, E, K, N = self.config.n_layers, self.config.d_inner, self.config.d_conv, self.config.d_state
+        if len(state.conv) != L or len(state.ssm) != L:
+            raise ValueError(f"state must hold one conv and one ssm tensor per layer ({L}), "
+                             f"got {len(state.conv)} and {len(state.ssm)}")
+        for i in range(L):
+            for name, t, shape in (("conv", state.conv[i], (batch, E, K - 1)), ("ssm", state.ssm[i], (batch, E, N))):
+                if tuple(t.shape) != shape:
+                    raise ValueError(f"state.{name}[{i}] must have shape {shape} for a batch of {batch}, "
+                                     f"got {tuple(t.shape)}")
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """idx (B, T) token ids -> logits (B, T, V), or (logits, loss) with targets (B, T)."""
+        self._check_idx("idx", idx)
+        B, T = idx.shape
+        x = self.embedding(idx)  # (B, T, C)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.lm_head(self.norm_f(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        _check_targets("targets", targets, (B, T), self.config.vocab_size)
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
+        return logits, loss
+
+    def new_state(self, batch: int) -> MambaState:
+        """The state before any token: zeros, on the model's device and dtype."""
+        require_int("batch", batch, minimum=1)
+        w = self.embedding.weight
+        E, K, N = self.config.d_inner, self.config.d_conv, self.config.d_state
+        return MambaState(conv=[w.new_zeros(batch, E, K - 1) for _ in self.layers],
+                          ssm=[w.new_zeros(batch, E, N) for _ in self.layers])
+
+    def prefill(self, idx: torch.Tensor, state: MambaState | None = None) -> tuple[torch.Tensor, MambaState]:
+        """Read T tokens at once (the parallel scan), continuing from `state` (None: from zero).
+        idx (B, T) -> logits (B, T, V) and the state after the last token."""
+        self._check_idx("idx", idx)
+        if state is not None:
+            self._check_state(state, idx.shape[0])
+        x = self.embedding(idx)  # (B, T, C)
+        new = MambaState()
+        for i, layer in enumerate(self.layers):
+            x, (conv, ssm) = layer.forward_with_state(x, None if state is None else (state.conv[i], state.ssm[i]))
+            new.conv.append(conv)
+            new.ssm.append(ssm)
+        return self.lm_head(self.norm_f(x)), new
+
+    def step(self, idx_t: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
+        """Read one token per sequence with the recurrence: idx_t (B,) -> next-token logits (B, V)
+        and the next state (the same size as `state`; `state` itself is not modified)."""
+        require_tensor("idx_t", idx_t)
+        require_rank("idx_t", idx_t, 1, "(B,) one token id per sequence")
+        self._check_idx("idx_t", idx_t.unsqueeze(1))
+        self._check_state(state, idx_t.shape[0])
+        x = self.embedding(idx_t)  # (B, C)
+        new = MambaState()
+        for i, layer in enumerate(self.layers):
+            x, (conv, ssm) = layer.step(x, (state.conv[i], state.ssm[i]))
+            new.conv.append(conv)
+            new.ssm.append(ssm)
+        return self.lm_head(self.norm_f(x)), new  # (B, V)
+
+
+@torch.no_grad()
+def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str, torch.Tensor]:
+    """What layer `layer`'s SSM does on idx (B, T): its step sizes Δ (B, T, D) and every state h_t
+    (B, T, D, N), D = d_inner, recomputed step by step from the SSM's own inputs (for drawing:
+    widgets.SSMStateView). The layer's output is checked against the recomputed states."""
+    if not isinstance(model, MambaLM):
+        raise TypeError(f"model must be a MambaLM, got {type(model).__name__}")
+    require_int("layer", layer, minimum=0)
+    if layer >= len(model.layers):
+        raise ValueError(f"layer must be < n_layers = {len(model.layers)}, got {layer}")
+    ssm = model.layers[layer].mixer.ssm
+    seen = {}
+    hook = ssm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0], y=out[0]))
+    try:
+        was_training = model.training
+        model.eval()
+        model(idx)
+        model.train(was_training)
+    finally:
+        hook.remove()
+    x = seen["x"].float()  # (B, T, D): the SSM's input (after the conv and SiLU)
+    delta, A, B, C = ssm.ssm_params(x)
+    A_bar, Bx = torch.exp(delta.unsqueeze(-1) * A), (delta * x).unsqueeze(-1) * B.unsqueeze(2)  # (B, T, D, N) each
+    h, states = torch.zeros_like(A_bar[:, 0]), []
+    for a_t, bx_t in zip(A_bar.unbind(1), Bx.unbind(1)):
+        h = a_t * h + bx_t  # (B, D, N)
+        states.append(h)
+    states = torch.stack(states, dim=1)  # (B, T, D, N)
+    y = (states * C.unsqueeze(2)).sum(-1) + ssm.D * x  # (B, T, D)
+    # fp32: the layer's scan (chunked or not) and this step-by-step loop differ by rounding only
+    if not torch.allclose(y, seen["y"].float(), rtol=1e-4, atol=1e-5):
+        raise RuntimeError("the recomputed states do not reproduce the layer's output")
+    return {"delta": delta, "h": states}
+
+
+def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch.dtype | str = torch.float32) -> int:
+    """Bytes of a MambaLM's recurrent state for `batch` sequences, at any position:
+    n_layers × B × d_inner × ((K − 1) + N) × bytes per element.
+
+    `dtype` a torch.dtype or a name of lib.kv_cache.DTYPE_BYTES ("fp16"). For mamba-130m's shape
+    (24 layers, d_inner 1536, N 16, K 4) in fp16 that is 1.4 MB per sequence, whatever the length;
+    compare `lib.kv_cache.kv_cache_bytes`, which grows by a fixed amount per position.
+    """
+    if isinstance(model_or_config, MambaLM):
+        config = model_or_config.config
+    elif isinstance(model_or_config, MambaConfig):
+        config = model_or_config
+    else:
+        raise TypeError(f"model_or_config must be a MambaLM or a MambaConfig, got {type(model_or_config).__name__}")
+    require_int("batch", batch, minimum=1)
+    if isinstance(dtype, torch.dtype):
+        bpe = torch.empty((), dtype=dtype).element_size()
+    elif isinstance(dtype, str):
+        bpe = bytes_per_element(dtype)
+    else:
+        raise TypeError(f"dtype must be a torch.dtype or a name like 'fp16', got {type(dtype).__name__}")
+    n_elems = config.n_layers * batch * config.d_inner * (config.d_conv - 1 + config.d_state)
+    return math.ceil(n_elems * bpe)
+
+
+@torch.no_grad()
+def generate(model: MambaLM, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Extend idx (B, T) by `max_new_tokens` sampled tokens -> (B, T + max_new_tokens).
+
+    The prompt is read in parallel (`prefill`), then each new token with one recurrent `step`:
+    the state carried between steps has the same size at every position. temperature 0 is greedy;
+    top_k / top_p and the seeded `generator` as in `lib.sampling.sample_next_token`.
+    """
+    if not isinstance(model, MambaLM):
+        raise TypeError(f"model must be a lib.ssm.MambaLM, got {type(model).__name__}")
+    require_int("max_new_tokens", max_new_tokens, minimum=0)
+    _check_knobs(temperature, top_k, top_p)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    was_training = model.training
+    model.eval()
+    logits, state = model.prefill(idx)
+    logits = logits[:, -1]  # (B, V): the last prompt position predicts the first new token
+    out = [idx]
+    for step in range(max_new_tokens):
+        nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
+        out.append(nxt[:, None].to(idx.dtype))
+        if step < max_new_tokens - 1:
+            logits, state = model.step(nxt, state)  # (B, V)
+    model.train(was_training)
+    return torch.cat(out, dim=1)
