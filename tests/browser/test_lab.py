@@ -61,7 +61,7 @@ def lab_page(request, lab_server, page_with_log):
           }
           return status === 'idle';
         }""",
-        timeout=300_000, polling=1000,
+        timeout=600_000, polling=1000,  # a lesson is budgeted at 90 s: room for a slow or busy runner
     )
     yield page, request.param
     page.evaluate("() => window.jupyterapp.commands.execute('kernelmenu:shutdown')")
