@@ -19,8 +19,8 @@ def test_every_frame_shows_that_steps_state_and_step_size():
     assert len(fig.frames) == len(tokens) and len(fig.layout.sliders[0].steps) == len(tokens)
     for t, frame in enumerate(fig.frames):
         for i, (h, delta) in enumerate(runs.values()):
-            assert np.allclose(np.array(frame.data[2 * i].z), h[t])
-            assert np.allclose(np.array(frame.data[2 * i + 1].y), delta[t])
+            assert np.allclose(np.array(frame.data[2 * i].z), h[t], rtol=1e-3)  # drawn to 4 significant digits
+            assert np.allclose(np.array(frame.data[2 * i + 1].y), delta[t], rtol=1e-3)
         assert f"<b>[{tokens[t]}]</b>" in frame.layout.title.text
     # one colour scale for all frames, symmetric about zero, so fading is visible
     zmax = max(np.abs(h).max() for h, _ in runs.values())
@@ -38,7 +38,7 @@ def test_torch_tensors_are_accepted():
     torch = pytest.importorskip("torch")
     h, d = torch.randn(3, 2, 2), torch.rand(3, 2)
     fig = ssm_state_figure(list("abc"), {"run": (h, d)}, animate=False)
-    assert np.allclose(np.array(fig.data[0].z), h[-1].numpy())
+    assert np.allclose(np.array(fig.data[0].z), h[-1].numpy(), rtol=1e-3)
 
 
 @pytest.mark.parametrize("tokens, runs, words", [

@@ -61,6 +61,11 @@ def check_runs(tokens: Sequence[str], runs: Mapping[str, tuple]) -> dict[str, tu
     return out
 
 
+def _rounded(a: np.ndarray) -> list:
+    """Four significant digits: the eye cannot see more, and a notebook with frames stays small."""
+    return np.vectorize(lambda v: float(f"{v:.4g}"))(a).tolist() if a.size else a.tolist()
+
+
 def _sequence_text(tokens: list[str], t: int) -> str:
     shown = [f"<b>[{tok}]</b>" if i == t else tok for i, tok in enumerate(tokens)]
     lo = max(0, t - 20)
@@ -70,8 +75,8 @@ def _sequence_text(tokens: list[str], t: int) -> str:
 def _frame_traces(runs: dict, t: int) -> list:
     traces = []
     for h, delta in runs.values():
-        traces.append(go.Heatmap(z=h[t].tolist()))  # (D, N)
-        traces.append(go.Bar(y=delta[t].tolist()))  # (D,)
+        traces.append(go.Heatmap(z=_rounded(h[t])))  # (D, N)
+        traces.append(go.Bar(y=_rounded(delta[t])))  # (D,)
     return traces
 
 
@@ -93,11 +98,11 @@ def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: 
                         horizontal_spacing=0.08,
                         subplot_titles=[f"{n}: state h_t" for n in names] + [f"{n}: step size Δ_t" for n in names])
     for col, (name, (h, delta)) in enumerate(runs.items(), start=1):
-        fig.add_trace(go.Heatmap(z=h[t].tolist(), zmin=-zmax, zmax=zmax, zmid=0, colorscale=DIVERGING,
+        fig.add_trace(go.Heatmap(z=_rounded(h[t]), zmin=-zmax, zmax=zmax, zmid=0, colorscale=DIVERGING,
                                  showscale=col == len(names), colorbar={"title": {"text": "h"}, "len": 0.6, "y": 0.72},
                                  hovertemplate="channel %{y}, state %{x}: h = %{z:.3f}<extra>" + name + "</extra>"),
                       row=1, col=col)
-        fig.add_trace(go.Bar(y=delta[t].tolist(), marker_color=OKABE_ITO[col % len(OKABE_ITO)], showlegend=False,
+        fig.add_trace(go.Bar(y=_rounded(delta[t]), marker_color=OKABE_ITO[col % len(OKABE_ITO)], showlegend=False,
                              hovertemplate="channel %{x}: Δ = %{y:.3f}<extra>" + name + "</extra>"), row=2, col=col)
         fig.update_yaxes(title_text="channel d" if col == 1 else None, autorange="reversed", row=1, col=col)
         fig.update_xaxes(title_text="state index n", row=1, col=col)
