@@ -1,0 +1,183 @@
+"""Benchmark: the chunked selective scan against the per-step reference, side by side.
+
+    python tools/bench_ssm.py                 # writes benchmarks/ssm_cpu.json
+    python tools/bench_ssm.py --repeats 7 --lengths 256 2048
+
+Sizes as the issue fixed them: batch 2, D = 64 channels, N = 16 state entries, fp32, L in
+(256, 1024, 2048, 4096), torch.set_num_threads(2); then the same with 1 thread, which a busy
+machine disturbs less. Inputs look like a Mamba layer's: Δ = softplus
+of a normal shifted by −4 (mostly 0.005–0.1), A = −(1..N) (S4D-real), x, B, C standard normal.
+For each L, `selective_scan` (default chunk size) and `selective_scan_ref` run alternately,
+forward only (no_grad) and forward + backward, after one warm-up each; the result is the ratio of
+the medians. A chunk-size sweep at L = 2048 shows where `default_chunk_size` comes from.
+A record, not a test: timings depend on the machine and on whatever else runs on it (the load
+average is recorded beside them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lib.ssm import default_chunk_size, selective_scan, selective_scan_ref
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = (2, 64, 16)  # batch, D channels, N state entries
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def make_inputs(batch: int, L: int, D: int, N: int, device, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, L, D, generator=g)
+    delta = F.softplus(torch.randn(batch, L, D, generator=g) - 4.0)
+    A = -torch.arange(1, N + 1, dtype=torch.float32).repeat(D, 1)  # (D, N)
+    B = torch.randn(batch, L, N, generator=g)
+    C = torch.randn(batch, L, N, generator=g)
+    return [t.to(device) for t in (x, delta, A, B, C)]
+
+
+def timer(fn, inputs, backward: bool, device):
+    """A function timing one call of fn on inputs, forward only or forward + backward."""
+    def once() -> float:
+        if backward:
+            leaves = [t.detach().requires_grad_() for t in inputs]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        if backward:
+            y = fn(*leaves)
+            y.backward(torch.ones_like(y))
+        else:
+            with torch.no_grad():
+                fn(*inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+    return once
+
+
+def median_seconds(runs: dict, repeats: int) -> dict[str, list[float]]:
+    """Time each run `repeats` times, alternating between them, after one warm-up each."""
+    seconds = {k: [] for k in runs}
+    for run in runs.values():
+        run()
+    for _ in range(repeats):
+        for k, run in runs.items():
+            seconds[k].append(run())
+    return seconds
+
+
+def bench_lengths(lengths, repeats: int, device) -> list[dict]:
+    batch, D, N = SHAPES
+    rows = []
+    for L in lengths:
+        inputs = make_inputs(batch, L, D, N, device)
+        with torch.no_grad():
+            err = (selective_scan(*inputs) - selective_scan_ref(*inputs)).abs().max().item()
+        row = {"threads": torch.get_num_threads(), "L": L, "chunk_size": default_chunk_size(L),
+               "max_abs_diff_fwd": float(f"{err:.3g}")}
+        for mode, backward in (("forward", False), ("forward_backward", True)):
+            seconds = median_seconds({"ref": timer(selective_scan_ref, inputs, backward, device),
+                                      "chunked": timer(selective_scan, inputs, backward, device)}, repeats)
+            median = {k: statistics.median(v) for k, v in seconds.items()}
+            row[mode] = {"seconds": {k: [round(s, 5) for s in v] for k, v in seconds.items()},
+                         "median_seconds": {k: round(v, 5) for k, v in median.items()},
+                         "speedup_chunked_over_ref": round(median["ref"] / median["chunked"], 2)}
+        rows.append(row)
+        print(f"threads={row['threads']} L={L}: forward {row['forward']['speedup_chunked_over_ref']}x, "
+              f"forward+backward {row['forward_backward']['speedup_chunked_over_ref']}x", flush=True)
+    return rows
+
+
+def bench_chunk_sizes(chunk_sizes, repeats: int, device) -> dict[str, float]:
+    batch, D, N = SHAPES
+    inputs = make_inputs(batch, 2048, D, N, device)
+    runs = {cs: timer(lambda *t, cs=cs: selective_scan(*t, chunk_size=cs), inputs, False, device) for cs in chunk_sizes}
+    return {str(cs): round(statistics.median(v), 5) for cs, v in median_seconds(runs, repeats).items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048, 4096])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1],
+                        help="torch thread counts, each a full run (the first is the headline)")
+    parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16, 32, 64, 128, 256],
+                        help="chunk sizes timed at L = 2048 (forward); none to skip")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
+    rows, sweep = [], {}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        rows += bench_lengths(args.lengths, args.repeats, device)
+        if args.sweep:
+            sweep[f"threads_{threads}"] = bench_chunk_sizes(args.sweep, args.repeats, device)
+        if hasattr(os, "getloadavg"):
+            load.append(os.getloadavg()[0])
+
+    result = {
+        "benchmark": "selective scan, chunked (lib.ssm.selective_scan) vs per-step reference "
+                     "(lib.ssm.selective_scan_ref); median seconds per call",
+        "shapes": {"batch": SHAPES[0], "D": SHAPES[1], "N": SHAPES[2], "dtype": "float32", "lengths": args.lengths},
+        "repeats": args.repeats,
+        "results": rows,
+        "chunk_size_sweep_forward_L2048_median_seconds": sweep,
+        "default_chunk_size_L2048": default_chunk_size(2048),
+        "machine": {"device": torch.cuda.get_device_name() if device.type == "cuda" else cpu_name(),
+                    "cpu_cores": os.cpu_count(), "torch_threads": args.threads,
+                    "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+                    "load_average_1min_at_start_and_after_each_thread_count": load},
+        "busy_machine": bool(load) and max(load) > (os.cpu_count() or 1),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "generated_by": "tools/bench_ssm.py",
+        "note": "generated file: rerun tools/bench_ssm.py to update it, do not edit by hand. A load average "
+                "above the core count means other processes shared the CPU: multi-threaded timings then "
+                "suffer most (each parallel region waits for a core).",
+    }
+
+    print("\n| threads | L | chunk | forward ref (s) | forward chunked (s) | speedup "
+          "| fwd+bwd ref (s) | fwd+bwd chunked (s) | speedup |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        f, b = r["forward"], r["forward_backward"]
+        cells = [r["threads"], r["L"], r["chunk_size"], f"{f['median_seconds']['ref']:.4f}",
+                 f"{f['median_seconds']['chunked']:.4f}", f"{f['speedup_chunked_over_ref']:.1f}x",
+                 f"{b['median_seconds']['ref']:.4f}", f"{b['median_seconds']['chunked']:.4f}",
+                 f"{b['speedup_chunked_over_ref']:.1f}x"]
+        print("| " + " | ".join(map(str, cells)) + " |")
+    for key, times in sweep.items():
+        print(f"\nchunk size sweep, L = 2048, forward median seconds ({key}):",
+              ", ".join(f"{cs}: {s:.4f}" for cs, s in times.items()))
+
+    if result["busy_machine"]:
+        print(f"\nwarning: the 1-minute load average reached {max(load):.1f} on {os.cpu_count()} cores: other "
+              "processes shared the CPU, and multi-threaded timings are unreliable")
+    out = args.out or ROOT / "benchmarks" / f"ssm_{device.type}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
