@@ -1,0 +1,569 @@
+"""Mixture of Experts: a routed feed-forward, two ways to dispatch it, balance losses, capacity.
+
+Follows Shazeer et al. 2017 (sparsely-gated MoE), the Switch Transformer (Fedus, Zoph, Shazeer,
+arXiv 2101.03961, §2.1 capacity, §2.2 the auxiliary loss), ST-MoE (Zoph et al., arXiv 2202.08906,
+the router z-loss) and Mixtral (Hugging Face's `MixtralSparseMoeBlock`: softmax, top-2,
+renormalise; SwiGLU experts w1, w3, w2):
+
+    router       logits = x · W_r                        (N, E): one score per expert and token
+    top-K        the K largest logits of each token      experts (N, K), K distinct per token
+    gates        g = softmax over those K logits         (N, K), each row sums to 1
+    experts      y_t = Σ_k g_tk · FFN_{e_tk}(x_t)        FFN_e: C -> F -> C, weights stacked over E
+    capacity     each expert takes at most ceil(cf · N · K / E) assignments; the rest are dropped
+    balance      aux = E · Σ_i f_i · P_i  (Switch)       z = mean_t logsumexp(logits_t)² (ST-MoE)
+
+`MoE.dispatch` picks how the tokens reach their experts, with equal results (the tests assert it):
+    "loop"       for each expert: find its tokens (torch.where over all assignments), gather them,
+                 run the FFN, index_add the weighted result back. E searches, E gathers, E scatters.
+    "grouped"    one stable argsort of the N·K assignments by expert, one gather into a buffer
+                 where each expert's rows are contiguous, the FFN on each contiguous segment, one
+                 index_add back (the layout MegaBlocks and grouped-GEMM kernels start from).
+`moe_ref` computes the same layer densely (every expert on every token, masked), as the reference;
+`moe_from_mixtral` loads a Hugging Face MixtralSparseMoeBlock's weights (same outputs, tested).
+
+Dropping (capacity_factor not None): an expert serves its assignments first come, first served in
+token order (row-major over B, T), as the Switch Transformer does; the ones past its capacity are
+dropped, i.e. contribute 0 to that token's output: the token still passes through the block's
+residual connection. A token's K experts are distinct, so token order alone ranks an expert's queue.
+
+Also here: `load_balancing_loss` (equal to Hugging Face's Mixtral `load_balancing_loss_func`),
+`router_z_loss`, `expert_capacity`, `moe_param_counts` (active vs total parameters, FLOPs per
+token; `MIXTRAL_8X7B` holds that model's published config), and a small MoE language model on
+lib.gpt's skeleton (`moe_gpt`, `MoEFeedForward`) with `train_moe_lm`, which records per-expert
+load step by step for the collapse/balance experiment. Expert parallelism is in lib.moe_parallel.
+
+Glossary: B batch, T tokens per row, C model width (d_model), F expert hidden width (d_ff),
+E experts, K experts per token (top_k), N = B·T tokens, A = N·K assignments (token, expert pairs),
+L layers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from numbers import Real
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lib._checks import require_int, require_rank, require_tensor
+
+__all__ = ["ACTIVATIONS", "DISPATCHES", "GATINGS", "MIXTRAL_8X7B", "MoE", "MoEFeedForward", "MoETrainRecord",
+           "RoutingStats", "expert_capacity", "load_balancing_loss", "moe_from_mixtral", "moe_gpt", "moe_param_counts",
+           "moe_ref", "router_logits_of", "router_z_loss", "train_moe_lm"]
+
+ACTIVATIONS = ("gelu", "silu", "swiglu")  # swiglu: three matrices, w2(silu(x·w1) * (x·w3)), as Mixtral
+GATINGS = {
+    "topk_softmax": "softmax over the K selected logits (the default)",
+    "softmax_topk": "softmax over all E, keep the top K, renormalise to sum 1 (Mixtral)",
+    "softmax_topk_raw": "softmax over all E, keep the top K unrenormalised (Switch, Qwen2-MoE norm_topk_prob=False)",
+}
+DISPATCHES = ("grouped", "loop")
+
+
+# --------------------------------------------------------------------------- checks and arithmetic
+def _check_layer_args(d_model, d_ff, num_experts, top_k, activation="gelu") -> None:
+    require_int("d_model", d_model, minimum=1)
+    require_int("d_ff", d_ff, minimum=1)
+    require_int("num_experts", num_experts, minimum=1)
+    require_int("top_k", top_k, minimum=1)
+    if top_k > num_experts:
+        raise ValueError(f"top_k must be <= num_experts={num_experts} (each token picks K distinct experts), "
+                         f"got top_k={top_k}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def _check_capacity_factor(capacity_factor) -> None:
+    if capacity_factor is None:
+        return
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, Real):
+        raise TypeError(f"capacity_factor must be a positive real number or None (no dropping), "
+                        f"got {type(capacity_factor).__name__}")
+    if not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be > 0 (or None for no dropping), got {capacity_factor}")
+
+
+def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float | None) -> int | None:
+    """Assignments one expert may take: ceil(capacity_factor · num_tokens · top_k / num_experts).
+
+    capacity_factor 1.0 is exactly the even share N·K/E; 1.25 leaves 25% headroom (Switch).
+    None means no limit (returns None: dropless). The product is taken on the decimal value
+    (1.1 is 11/10), so float rounding cannot add a slot: expert_capacity(100, 10, 1, 1.1) == 11.
+    """
+    require_int("num_tokens", num_tokens, minimum=1)
+    require_int("num_experts", num_experts, minimum=1)
+    require_int("top_k", top_k, minimum=1)
+    if top_k > num_experts:
+        raise ValueError(f"top_k must be <= num_experts={num_experts}, got top_k={top_k}")
+    _check_capacity_factor(capacity_factor)
+    if capacity_factor is None:
+        return None
+    return math.ceil(Fraction(repr(float(capacity_factor))) * num_tokens * top_k / num_experts)
+
+
+def _route(logits: torch.Tensor, top_k: int, gating: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits (N, E) -> gates (N, K) in the logits' dtype, experts (N, K) int64."""
+    if gating == "topk_softmax":
+        top, experts = logits.topk(top_k, dim=-1)  # (N, K) each
+        gates = F.softmax(top, dim=-1, dtype=torch.float32)
+    else:
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)  # (N, E), in fp32 as HF Mixtral
+        gates, experts = probs.topk(top_k, dim=-1)  # (N, K) each
+        if gating == "softmax_topk":
+            gates = gates / gates.sum(dim=-1, keepdim=True)
+    return gates.to(logits.dtype), experts
+
+
+@dataclass
+class RoutingStats:
+    """What one forward did with its tokens (`MoE.last_stats`); counts are (E,) int64 tensors."""
+
+    num_tokens: int  # N
+    assignments: int  # A = N·K
+    capacity: int | None  # per expert; None = no limit
+    routed: torch.Tensor  # (E,) assignments the router sent to each expert
+    kept: torch.Tensor  # (E,) assignments each expert processed (routed, capped at capacity)
+
+    @property
+    def dropped(self) -> int:
+        return int((self.routed - self.kept).sum())
+
+    @property
+    def drop_rate(self) -> float:
+        """Share of the N·K assignments dropped for lack of capacity."""
+        return self.dropped / self.assignments
+
+    @property
+    def load(self) -> torch.Tensor:
+        """(E,) share of the routed assignments each expert got (sums to 1)."""
+        return self.routed.double() / self.assignments
+
+
+# --------------------------------------------------------------------------- the layer
+class MoE(nn.Module):
+    """A top-K routed mixture of E feed-forward experts.
+
+    `forward(x)` with x (B, T, d_model) returns (y, router_logits): y (B, T, d_model), the weighted
+    sum of each token's K experts (0 for a token all of whose assignments were dropped), and the
+    router logits (B·T, E) for `load_balancing_loss` / `router_z_loss`. `last_stats` holds the
+    forward's `RoutingStats` (per-expert counts, capacity, drop rate).
+
+    Parameters: `router` (an nn.Linear C -> E, no bias), `w1` (E, C, F), `w2` (E, F, C) and, for
+    activation="swiglu", `w3` (E, C, F): expert e computes act(x·w1[e])·w2[e], or for SwiGLU
+    (silu(x·w1[e]) * (x·w3[e]))·w2[e]. `dispatch`, `gating` and `capacity_factor` are plain
+    attributes, checked when set: ST-MoE trains with capacity 1.25 and evaluates with 2.0.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int = 2, *, activation: str = "gelu",
+                 gating: str = "topk_softmax", capacity_factor: float | None = None, dispatch: str = "grouped"):
+        super().__init__()
+        _check_layer_args(d_model, d_ff, num_experts, top_k, activation)
+        self.d_model, self.d_ff, self.num_experts, self.top_k = d_model, d_ff, num_experts, top_k
+        self.activation = activation
+        self.gating, self.capacity_factor, self.dispatch = gating, capacity_factor, dispatch
+        E, C, Fh = num_experts, d_model, d_ff
+        self.router = nn.Linear(C, E, bias=False)
+        self.w1 = nn.Parameter(torch.empty(E, C, Fh))
+        self.w2 = nn.Parameter(torch.empty(E, Fh, C))
+        self.register_parameter("w3", nn.Parameter(torch.empty(E, C, Fh)) if activation == "swiglu" else None)
+        self.reset_parameters()
+        self.last_stats: RoutingStats | None = None
+
+    def reset_parameters(self) -> None:
+        """Each expert's matrices as nn.Linear initialises its weight: U(-1/√fan_in, 1/√fan_in)."""
+        self.router.reset_parameters()
+        for w in (self.w1, self.w2, self.w3):
+            if w is not None:
+                bound = 1.0 / math.sqrt(w.shape[1])
+                nn.init.uniform_(w, -bound, bound)
+
+    # checked attributes: a wrong name fails where it is set, naming the choices
+    @property
+    def dispatch(self) -> str:
+        return self._dispatch
+
+    @dispatch.setter
+    def dispatch(self, value: str) -> None:
+        if value not in DISPATCHES:
+            raise ValueError(f"dispatch must be one of {DISPATCHES}, got {value!r}")
+        self._dispatch = value
+
+    @property
+    def gating(self) -> str:
+        return self._gating
+
+    @gating.setter
+    def gating(self, value: str) -> None:
+        if value not in GATINGS:
+            raise ValueError(f"gating must be one of {tuple(GATINGS)}, got {value!r}")
+        self._gating = value
+
+    @property
+    def capacity_factor(self) -> float | None:
+        return self._capacity_factor
+
+    @capacity_factor.setter
+    def capacity_factor(self, value: float | None) -> None:
+        _check_capacity_factor(value)
+        self._capacity_factor = value
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, d_ff={self.d_ff}, num_experts={self.num_experts}, top_k={self.top_k}, "
+                f"activation={self.activation!r}, gating={self.gating!r}, "
+                f"capacity_factor={self.capacity_factor}, dispatch={self.dispatch!r}")
+
+    def _check_input(self, x) -> None:
+        require_tensor("x", x, floating=True)
+        require_rank("x", x, 3, "(B, T, d_model)")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
+        if x.shape[0] * x.shape[1] == 0:
+            raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
+        if x.dtype != self.w1.dtype or x.device != self.w1.device:
+            raise ValueError(f"x must match the layer's weights ({self.w1.dtype} on {self.w1.device}), "
+                             f"got {x.dtype} on {x.device}")
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits (N, E) -> gates (N, K), experts (N, K), by this layer's `gating`."""
+        return _route(logits, self.top_k, self.gating)
+
+    def expert(self, h: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor | None = None):
+        """One expert's FFN on rows h (n, C) with its matrices w1 (C, F), w2 (F, C), w3 (C, F)."""
+        a = h @ w1  # (n, C) @ (C, F) -> (n, F)
+        if self.activation == "swiglu":
+            a = F.silu(a) * (h @ w3)  # (n, F): the gate times the up projection
+        else:
+            a = F.gelu(a) if self.activation == "gelu" else F.silu(a)
+        return a @ w2  # (n, F) @ (F, C) -> (n, C)
+
+    def _weights(self, lo: int = 0, hi: int | None = None):
+        """Per-expert (w1, w2, w3) triples for experts lo..hi-1, split once (one autograd node)."""
+        hi = self.num_experts if hi is None else hi
+        w3 = self.w3[lo:hi].unbind(0) if self.w3 is not None else [None] * (hi - lo)
+        return list(zip(self.w1[lo:hi].unbind(0), self.w2[lo:hi].unbind(0), w3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check_input(x)
+        B, T, C = x.shape
+        E, K = self.num_experts, self.top_k
+        h = x.reshape(B * T, C)  # (B, T, C) -> (N, C)
+        logits = self.router(h)  # (N, E)
+        gates, experts = self.route(logits)  # (N, K), (N, K)
+        cap = expert_capacity(B * T, E, K, self.capacity_factor)
+        routed = torch.bincount(experts.reshape(-1), minlength=E)  # (E,)
+        if self.dispatch == "loop":
+            y, kept = self._dispatch_loop(h, gates, experts, cap)
+        else:
+            y, kept = self._dispatch_grouped(h, gates, experts, cap, routed)
+        self.last_stats = RoutingStats(B * T, B * T * K, cap, routed.detach(), kept.detach())
+        return y.view(B, T, C), logits  # (N, C) -> (B, T, C); (N, E)
+
+    def _dispatch_loop(self, h, gates, experts, cap):
+        """Per expert: search all N·K assignments for its own, gather, FFN, weighted index_add."""
+        out = torch.zeros_like(h)  # (N, C)
+        kept = []
+        for e, (w1, w2, w3) in enumerate(self._weights()):
+            tok, slot = torch.where(experts == e)  # (n_e,) each, in token order: first come first served
+            if cap is not None:
+                tok, slot = tok[:cap], slot[:cap]
+            kept.append(tok.numel())
+            if tok.numel() == 0:
+                continue
+            y = self.expert(h[tok], w1, w2, w3)  # (n_e, C)
+            out.index_add_(0, tok, y * gates[tok, slot, None])  # (n_e, C) weighted, added into its tokens' rows
+        return out, torch.tensor(kept, device=h.device)
+
+    def _dispatch_grouped(self, h, gates, experts, cap, routed):
+        """One stable sort by expert, one gather, the FFN per contiguous segment, one index_add."""
+        N, K = experts.shape
+        flat = experts.reshape(-1)  # (A,): assignment a is token a // K, slot a % K
+        order = torch.argsort(flat, stable=True)  # (A,) grouped by expert, token order within each group
+        kept = routed
+        if cap is not None:
+            starts = routed.cumsum(0) - routed  # (E,) where each expert's group begins in `order`
+            rank = torch.arange(order.numel(), device=h.device) - starts[flat[order]]  # (A,) place in its queue
+            order = order[rank < cap]  # (A',) the assignments within capacity, still grouped
+            kept = routed.clamp(max=cap)
+        tok = order // K  # (A',) the token of each kept assignment
+        xs = h[tok]  # (A', C): expert e's rows are one contiguous segment
+        sizes = kept.tolist()
+        ys = torch.cat([self.expert(seg, *w) for seg, w, n in zip(xs.split(sizes), self._weights(), sizes) if n])
+        out = torch.zeros_like(h).index_add_(0, tok, ys * gates.reshape(-1)[order, None])  # (N, C)
+        return out, kept
+
+
+def moe_from_mixtral(block) -> MoE:
+    """An MoE (activation="swiglu", gating="softmax_topk") holding the weights of a Hugging Face
+    `MixtralSparseMoeBlock` (transformers 5.x layout: `gate.weight` (E, C), fused `experts.gate_up_proj`
+    (E, 2F, C) and `experts.down_proj` (E, C, F)); it computes the same function (tests assert it)."""
+    experts, gate = getattr(block, "experts", None), getattr(block, "gate", None)
+    if not (hasattr(experts, "gate_up_proj") and hasattr(experts, "down_proj") and hasattr(gate, "weight")):
+        raise TypeError(f"block must be a transformers 5.x MixtralSparseMoeBlock (gate.weight, experts.gate_up_proj, "
+                        f"experts.down_proj), got {type(block).__name__}")
+    E, two_F, C = experts.gate_up_proj.shape
+    moe = MoE(C, two_F // 2, E, block.top_k, activation="swiglu", gating="softmax_topk")
+    moe.to(device=gate.weight.device, dtype=gate.weight.dtype)
+    with torch.no_grad():
+        moe.router.weight.copy_(gate.weight)  # (E, C)
+        gate_proj, up_proj = experts.gate_up_proj.chunk(2, dim=1)  # (E, F, C) each: HF's F.linear layout
+        moe.w1.copy_(gate_proj.transpose(1, 2))  # (E, F, C) -> (E, C, F)
+        moe.w3.copy_(up_proj.transpose(1, 2))
+        moe.w2.copy_(experts.down_proj.transpose(1, 2))  # (E, C, F) -> (E, F, C)
+    return moe
+
+
+def moe_ref(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """The same layer computed densely in fp32: every expert on every token, combined with an (N, E)
+    gate matrix that is zero off the chosen experts and on dropped assignments. Capacity is applied
+    by a cumulative count over tokens (a third way to rank each expert's queue). Returns y (B, T, C)."""
+    if not isinstance(moe, MoE):
+        raise TypeError(f"moe must be a lib.moe.MoE, got {type(moe).__name__}")
+    moe._check_input(x)
+    B, T, C = x.shape
+    E, K = moe.num_experts, moe.top_k
+    h = x.reshape(B * T, C).double()  # (N, C)
+    logits = h @ moe.router.weight.double().t()  # (N, E)
+    gates, experts = _route(logits, K, moe.gating)  # (N, K)
+    chosen = F.one_hot(experts, E).to(h.dtype)  # (N, K, E)
+    cap = expert_capacity(B * T, E, K, moe.capacity_factor)
+    if cap is not None:
+        queue = chosen.sum(1).cumsum(0)  # (N, E): how many tokens up to and including t chose e
+        chosen = chosen * (queue <= cap)[:, None, :]  # (N, K, E): past capacity, the assignment is dropped
+    G = (gates[..., None] * chosen).sum(1)  # (N, K, 1) * (N, K, E) -> (N, E)
+    a = torch.einsum("nc,ecf->enf", h, moe.w1.double())  # (E, N, F)
+    if moe.activation == "swiglu":
+        a = F.silu(a) * torch.einsum("nc,ecf->enf", h, moe.w3.double())
+    else:
+        a = F.gelu(a) if moe.activation == "gelu" else F.silu(a)
+    y_all = torch.einsum("enf,efc->enc", a, moe.w2.double())  # (E, N, C): every expert's output
+    y = torch.einsum("ne,enc->nc", G, y_all)  # (N, C)
+    return y.view(B, T, C).to(x.dtype)
+
+
+# --------------------------------------------------------------------------- balance losses
+def _as_logits(router_logits) -> torch.Tensor:
+    """A (N, E) tensor, (B, T, E), or a list/tuple of per-layer (N, E) tensors (concatenated)."""
+    if isinstance(router_logits, (list, tuple)):
+        if not router_logits:
+            raise ValueError("router_logits must hold at least one layer's (N, E) logits, got an empty sequence")
+        for i, t in enumerate(router_logits):
+            require_tensor(f"router_logits[{i}]", t, floating=True)
+        router_logits = torch.cat([t.reshape(-1, t.shape[-1]) for t in router_logits])
+    require_tensor("router_logits", router_logits, floating=True)
+    if router_logits.dim() not in (2, 3) or router_logits.numel() == 0:
+        raise ValueError(f"router_logits must have shape (N, E) or (B, T, E) and hold a token, "
+                         f"got {tuple(router_logits.shape)}")
+    return router_logits.reshape(-1, router_logits.shape[-1])
+
+
+def load_balancing_loss(router_logits, top_k: int) -> torch.Tensor:
+    """The Switch Transformer's auxiliary loss E · Σ_i f_i · P_i (§2.2, eq. 4-6), for top-K routing.
+
+    f_i: the fraction of tokens that send one of their K assignments to expert i (each token's K
+    assignments counted, so Σ f_i = K); P_i: the mean router probability of expert i. f carries no
+    gradient (a count); the loss pushes the probabilities of over-used experts down. Equal to
+    Hugging Face's Mixtral `load_balancing_loss_func(gate_logits, E, K)`: at perfectly even
+    routing (f_i = K/E, P_i = 1/E) it is K, so with K = 1 it is the paper's 1. A list of per-layer
+    logits is treated as HF treats its tuple: all layers' tokens pooled.
+    """
+    logits = _as_logits(router_logits)  # (N, E)
+    N, E = logits.shape
+    require_int("top_k", top_k, minimum=1)
+    if top_k > E:
+        raise ValueError(f"top_k must be <= the number of experts E={E}, got top_k={top_k}")
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)  # (N, E)
+    chosen = logits.topk(top_k, dim=-1).indices  # (N, K)
+    f = torch.bincount(chosen.reshape(-1), minlength=E).float() / N  # (E,), sums to K
+    P = probs.mean(dim=0)  # (E,), sums to 1
+    return E * (f * P).sum()
+
+
+def router_z_loss(router_logits) -> torch.Tensor:
+    """ST-MoE's router z-loss (§3.1, eq. 5): mean over tokens of logsumexp(logits)², which keeps
+    the router's logits small (bf16 round-off in the softmax grows with their size)."""
+    logits = _as_logits(router_logits)  # (N, E)
+    return torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+
+
+# --------------------------------------------------------------------------- counting
+MIXTRAL_8X7B = dict(d_model=4096, d_ff=14336, num_experts=8, top_k=2, activation="swiglu", num_layers=32,
+                    n_head=32, n_kv_head=8, vocab_size=32000)  # mistralai/Mixtral-8x7B-v0.1 config.json
+
+
+def moe_param_counts(d_model: int, d_ff: int, num_experts: int, top_k: int, *, activation: str = "gelu",
+                     num_layers: int = 1, n_head: int | None = None, n_kv_head: int | None = None,
+                     vocab_size: int | None = None, tie_embeddings: bool = False) -> dict[str, int | float]:
+    """Total vs active parameters, and forward FLOPs per token, of `num_layers` MoE layers (and,
+    if `n_head` and `vocab_size` are given, the rest of a Mixtral-style decoder around them).
+
+    One expert has 2·C·F parameters (3·C·F with activation="swiglu"); a layer has E experts and
+    a router of C·E. A token runs through its router and K experts: active = router + K experts.
+    With n_head: attention without biases, q and o C×C, k and v C×(C·n_kv_head/n_head) (grouped
+    query attention), two RMSNorm vectors per layer and a final one; with vocab_size: the token
+    embedding and an untied output head (V×C each). `moe_param_counts(**MIXTRAL_8X7B)` gives
+    46,702,792,704 total (Hugging Face's MixtralForCausalLM counts the same) and 12.9 B active.
+    FLOPs: 2 per multiply-add over the active matrices (the embedding lookup is free; attention's
+    T-dependent score and mix products are left out).
+    """
+    _check_layer_args(d_model, d_ff, num_experts, top_k, activation)
+    require_int("num_layers", num_layers, minimum=1)
+    C, Fh, E, K, L = d_model, d_ff, num_experts, top_k, num_layers
+    expert = (3 if activation == "swiglu" else 2) * C * Fh
+    router = C * E
+    counts = dict(expert=expert, router=router, moe_layer_total=router + E * expert,
+                  moe_layer_active=router + K * expert)
+    attention = norms = embeddings = head = 0
+    if n_head is not None:
+        require_int("n_head", n_head, minimum=1)
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        require_int("n_kv_head", n_kv_head, minimum=1)
+        if C % n_head or n_head % n_kv_head:
+            raise ValueError(f"d_model ({C}) must be divisible by n_head ({n_head}), and n_head by n_kv_head "
+                             f"({n_kv_head})")
+        attention = L * (2 * C * C + 2 * C * (C // n_head) * n_kv_head)
+        norms = (2 * L + 1) * C
+    if vocab_size is not None:
+        require_int("vocab_size", vocab_size, minimum=1)
+        embeddings = vocab_size * C
+        head = 0 if tie_embeddings else vocab_size * C
+    counts.update(attention=attention, norms=norms, embedding_and_head=embeddings + head)
+    counts["total"] = L * counts["moe_layer_total"] + attention + norms + embeddings + head
+    counts["active"] = L * counts["moe_layer_active"] + attention + norms + embeddings + head
+    counts["active_fraction"] = counts["active"] / counts["total"]
+    output_head = 0 if vocab_size is None else vocab_size * C  # computed even when tied to the embedding
+    counts["flops_per_token"] = 2 * (L * counts["moe_layer_active"] + attention + output_head)
+    return counts
+
+
+# --------------------------------------------------------------------------- a small MoE language model
+class MoEFeedForward(nn.Module):
+    """Fits an MoE into lib.gpt.Block's `mlp` slot: returns y alone and keeps the router logits
+    (N, E) of the last forward in `router_logits`, for the auxiliary loss."""
+
+    def __init__(self, moe: MoE):
+        super().__init__()
+        if not isinstance(moe, MoE):
+            raise TypeError(f"moe must be a lib.moe.MoE, got {type(moe).__name__}")
+        self.moe = moe
+        self.router_logits: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, self.router_logits = self.moe(x)  # (B, T, C), (N, E)
+        return y
+
+
+def moe_gpt(config, num_experts: int = 8, top_k: int = 2, d_ff: int | None = None, **moe_kwargs):
+    """A lib.gpt.GPT whose every block's feed-forward is an MoE of `num_experts` experts of width
+    d_ff (default 4·n_embd, GPT's own MLP width, so one expert = one dense MLP's matrices)."""
+    from lib.gpt import GPT, Block, GPTConfig  # imported here: the layer alone (and lib.moe_parallel) needs no GPT
+
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a lib.gpt.GPTConfig, got {type(config).__name__}")
+    d_ff = 4 * config.n_embd if d_ff is None else d_ff
+    _check_layer_args(config.n_embd, d_ff, num_experts, top_k, moe_kwargs.get("activation", "gelu"))
+
+    def make_block(cfg, i):
+        return Block(cfg, mlp=MoEFeedForward(MoE(cfg.n_embd, d_ff, num_experts, top_k, **moe_kwargs)))
+
+    return GPT(config, make_block=make_block)
+
+
+def router_logits_of(model: nn.Module) -> list[torch.Tensor]:
+    """The router logits (N, E) of every MoEFeedForward in `model` from its last forward, in order."""
+    return [m.router_logits for m in model.modules() if isinstance(m, MoEFeedForward) and m.router_logits is not None]
+
+
+@dataclass
+class MoETrainRecord:
+    """One `train_moe_lm` run, step by step: plain lists and one tensor, for plots and tables."""
+
+    alpha: float  # the auxiliary loss coefficient
+    num_experts: int
+    top_k: int
+    loss: list[float] = field(default_factory=list)  # next-token loss (nats/token), without the aux term
+    aux_loss: list[float] = field(default_factory=list)  # load_balancing_loss, all layers pooled (= K when even)
+    z_loss: list[float] = field(default_factory=list)
+    drop_rate: list[float] = field(default_factory=list)  # mean over layers
+    dead_experts: list[int] = field(default_factory=list)  # (layer, expert) pairs that got no token this step
+    load: torch.Tensor | None = None  # (steps, L, E): share of each layer's assignments per expert
+    seconds: float = 0.0
+    model: nn.Module | None = field(default=None, repr=False)  # the trained model, in eval mode
+
+    @property
+    def imbalance(self) -> list[float]:
+        """Per step: the busiest expert's load over the even share 1/E, averaged over layers (1 = even)."""
+        return (self.load.max(dim=-1).values * self.num_experts).mean(dim=-1).tolist()
+
+    def final_load(self, last: int = 10) -> torch.Tensor:
+        """(L, E) load averaged over the last `last` steps."""
+        return self.load[-last:].mean(dim=0)
+
+
+def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8, top_k: int = 2,
+                 n_layer: int = 2, n_embd: int = 64, n_head: int = 4, d_ff: int = 128, batch_size: int = 16,
+                 seq_len: int = 32, lr: float = 1e-2, z_loss: float = 0.0, capacity_factor: float | None = None,
+                 gating: str = "topk_softmax",
+                 data: torch.Tensor | None = None, vocab_size: int | None = None, seed: int = 0,
+                 on_step: Callable[[int, MoETrainRecord], None] | None = None) -> MoETrainRecord:
+    """Train a small MoE GPT (`moe_gpt`) on next-token prediction with loss
+    ce + alpha · load_balancing_loss + z_loss · router_z_loss, recording every step's losses and
+    per-expert load. `data` is a 1-D token stream (default: lib.corpus.facts_corpus as characters).
+
+    AdamW at a constant `lr`, seeded: the same arguments give the same record. At the defaults a
+    run took about 10 s on a shared two-core machine (one torch thread; six runs, the lesson's α
+    sweep, 74 s). `on_step(step, record)` is called after each step.
+    """
+    from lib.corpus import CharVocab, facts_corpus
+    from lib.gpt import GPTConfig, get_batch
+
+    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not alpha >= 0:
+        raise ValueError(f"alpha must be a real number >= 0, got {alpha!r}")
+    if isinstance(z_loss, bool) or not isinstance(z_loss, Real) or not z_loss >= 0:
+        raise ValueError(f"z_loss must be a real number >= 0, got {z_loss!r}")
+    require_int("steps", steps, minimum=1)
+    if data is None:
+        text = "\n".join(facts_corpus(1000, seed=0)) + "\n"  # one corpus; `seed` varies init and batches
+        vocab = CharVocab.build(text)
+        data, vocab_size = vocab.encode(text), len(vocab)
+    require_tensor("data", data)
+    require_rank("data", data, 1, "(N,) a 1-D stream of token ids")
+    vocab_size = int(data.max()) + 1 if vocab_size is None else vocab_size
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=vocab_size, block_size=seq_len, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    model = moe_gpt(config, num_experts, top_k, d_ff, capacity_factor=capacity_factor, gating=gating)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(seed)
+    record = MoETrainRecord(alpha=float(alpha), num_experts=num_experts, top_k=top_k)
+    loads = []
+    start = time.perf_counter()
+    model.train()
+    for step in range(steps):
+        x, y = get_batch(data, batch_size, seq_len, g)
+        _, ce = model(x, y)
+        logits = router_logits_of(model)  # L x (N, E)
+        aux = load_balancing_loss(logits, top_k)
+        z = router_z_loss(logits)
+        loss = ce + alpha * aux + z_loss * z
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        stats = [m.moe.last_stats for m in model.modules() if isinstance(m, MoEFeedForward)]
+        loads.append(torch.stack([s.load for s in stats]).float())  # (L, E)
+        record.loss.append(ce.item())
+        record.aux_loss.append(aux.item())
+        record.z_loss.append(z.item())
+        record.drop_rate.append(sum(s.drop_rate for s in stats) / len(stats))
+        record.dead_experts.append(sum(int((s.routed == 0).sum()) for s in stats))
+        if on_step is not None:
+            record.load = torch.stack(loads)  # (step + 1, L, E)
+            on_step(step, record)
+    record.load = torch.stack(loads)  # (steps, L, E)
+    record.seconds = time.perf_counter() - start
+    record.model = model.eval()
+    return record

@@ -1,0 +1,295 @@
+"""lib.moe: the two dispatch paths agree with each other and with a dense reference (forward and
+gradients, with idle experts and with drops), the balance loss equals Hugging Face's, capacity
+arithmetic and first-come-first-served dropping, gating variants, parameter counts, bad input."""
+
+import math
+
+import pytest
+import torch
+
+from lib.moe import (MIXTRAL_8X7B, MoE, expert_capacity, load_balancing_loss, moe_from_mixtral, moe_gpt,
+                     moe_param_counts, moe_ref, router_logits_of, router_z_loss, train_moe_lm)
+
+# fp32 throughout: the two dispatches run the same matmuls on the same rows but sum a token's K
+# expert outputs in a different order (index_add per expert vs one index_add), so they agree to a
+# few ulps of O(1) values; 1e-5 absolute leaves a wide margin. The dense reference runs in fp64.
+ATOL = 1e-5
+
+
+def _layer(seed=0, **kw):
+    torch.manual_seed(seed)
+    args = dict(d_model=16, d_ff=32, num_experts=6, top_k=2) | kw
+    return MoE(args.pop("d_model"), args.pop("d_ff"), args.pop("num_experts"), args.pop("top_k"), **args)
+
+
+def _silence(moe: MoE, experts: list[int], x: torch.Tensor) -> torch.Tensor:
+    """Make `experts` unreachable: feature 0 of every token is 5, and their router row reads it as -50."""
+    x = x.clone()
+    x[..., 0] = 5.0
+    with torch.no_grad():
+        moe.router.weight[:, 0] = 0.0
+        moe.router.weight[experts, 0] = -50.0
+    return x
+
+
+def _run(moe: MoE, x: torch.Tensor, dispatch: str):
+    moe.dispatch = dispatch
+    moe.zero_grad(set_to_none=True)
+    xg = x.clone().requires_grad_(True)
+    y, logits = moe(xg)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(7))
+    (y * g).sum().backward()
+    grads = {n: p.grad.clone() for n, p in moe.named_parameters()}
+    return y.detach(), xg.grad, grads, moe.last_stats
+
+
+@pytest.mark.parametrize("activation", ["gelu", "silu", "swiglu"])
+@pytest.mark.parametrize("capacity_factor", [None, 0.6])
+def test_grouped_dispatch_equals_loop_forward_and_gradients_with_idle_experts(activation, capacity_factor):
+    moe = _layer(activation=activation, capacity_factor=capacity_factor)
+    x = _silence(moe, [1, 4], torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)))
+    y_loop, gx_loop, g_loop, s_loop = _run(moe, x, "loop")
+    y_grp, gx_grp, g_grp, s_grp = _run(moe, x, "grouped")
+    assert s_loop.routed[[1, 4]].tolist() == [0, 0]  # the idle experts really got nothing
+    assert torch.equal(s_loop.routed, s_grp.routed) and torch.equal(s_loop.kept, s_grp.kept)
+    if capacity_factor is not None:
+        assert s_loop.dropped > 0  # the capped case really drops
+    torch.testing.assert_close(y_grp, y_loop, atol=ATOL, rtol=0)
+    torch.testing.assert_close(gx_grp, gx_loop, atol=ATOL, rtol=0)
+    for name in g_loop:
+        torch.testing.assert_close(g_grp[name], g_loop[name], atol=ATOL, rtol=0, msg=name)
+    assert torch.count_nonzero(g_grp["w1"][[1, 4]]) == 0  # an idle expert gets a zero gradient, not an error
+
+
+@pytest.mark.parametrize("gating", ["topk_softmax", "softmax_topk", "softmax_topk_raw"])
+@pytest.mark.parametrize("capacity_factor", [None, 1.0, 0.3])
+@pytest.mark.parametrize("dispatch", ["loop", "grouped"])
+def test_dispatch_matches_dense_reference(gating, capacity_factor, dispatch):
+    moe = _layer(seed=3, gating=gating, capacity_factor=capacity_factor, dispatch=dispatch, num_experts=5, top_k=3)
+    x = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(4))
+    y, _ = moe(x)
+    torch.testing.assert_close(y, moe_ref(moe, x), atol=ATOL, rtol=0)
+
+
+def test_forward_returns_output_like_x_and_router_logits_per_token():
+    moe = _layer()
+    x = torch.randn(2, 5, 16)
+    y, logits = moe(x)
+    assert y.shape == x.shape and logits.shape == (10, 6)
+    torch.testing.assert_close(logits, x.reshape(10, 16) @ moe.router.weight.t())
+    stats = moe.last_stats
+    assert stats.num_tokens == 10 and stats.assignments == 20 and int(stats.routed.sum()) == 20
+    assert stats.capacity is None and stats.dropped == 0 and stats.drop_rate == 0.0
+    assert math.isclose(float(stats.load.sum()), 1.0)
+
+
+# --------------------------------------------------------------------------- gating
+def test_gating_weights_sum_to_one_over_the_k_and_the_two_normalised_forms_agree():
+    logits = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))
+    moe = _layer(num_experts=8, top_k=3)
+    out = {}
+    for gating in ("topk_softmax", "softmax_topk", "softmax_topk_raw"):
+        moe.gating = gating
+        out[gating] = moe.route(logits)
+    for gating in ("topk_softmax", "softmax_topk"):
+        gates, experts = out[gating]
+        # fp32 softmax of 3 or 8 terms: sums are 1 to within a few ulps
+        torch.testing.assert_close(gates.sum(-1), torch.ones(50), atol=1e-6, rtol=0)
+        assert torch.equal(experts, logits.topk(3, dim=-1).indices)
+    # softmax over the K chosen logits == softmax over all E, top-K, renormalised: the same function
+    torch.testing.assert_close(out["topk_softmax"][0], out["softmax_topk"][0], atol=1e-6, rtol=0)
+    raw = out["softmax_topk_raw"][0]
+    assert bool((raw.sum(-1) < 1).all())  # unrenormalised: the K chosen probabilities out of all E
+    torch.testing.assert_close(raw, torch.softmax(logits, -1).topk(3, dim=-1).values)
+
+
+def test_matches_hugging_face_mixtral_sparse_moe_block():
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    torch.manual_seed(0)
+    config = MixtralConfig(hidden_size=16, intermediate_size=24, num_local_experts=4, num_experts_per_tok=2)
+    block = MixtralSparseMoeBlock(config).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(2, 6, 16)
+    moe = moe_from_mixtral(block)
+    with torch.no_grad():
+        theirs = block(x)
+        ours, _ = moe(x)
+    # same fp32 matmuls, rows added in the same per-expert order; 1e-5 covers BLAS blocking differences
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- losses
+@pytest.mark.parametrize("E,K", [(8, 2), (4, 1), (6, 3)])
+def test_load_balancing_loss_equals_hugging_face_mixtral(E, K):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    g = torch.Generator().manual_seed(E * 10 + K)
+    layers = tuple(torch.randn(40, E, generator=g) * 2 for _ in range(3))
+    # fp32 sums of 40-120 probabilities in a different order: equal to ~1e-7 relative
+    for logits in (layers[:1], layers):
+        theirs = load_balancing_loss_func(logits, E, K)
+        torch.testing.assert_close(load_balancing_loss(list(logits), K), theirs, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(load_balancing_loss(layers[0], K), load_balancing_loss_func(layers[:1], E, K),
+                               atol=1e-6, rtol=1e-6)
+    assert load_balancing_loss(layers[0].view(4, 10, E), K) == load_balancing_loss(layers[0], K)
+
+
+def test_load_balancing_loss_is_k_when_routing_is_even_and_pushes_busy_experts_down():
+    E, K = 4, 2
+    # each token prefers a different pair, cycling through all pairs evenly, with probabilities
+    # symmetric overall: f_i = K/E and P_i = 1/E, so the loss is E · E · (K/E)(1/E) = K
+    pairs = [(0, 1), (2, 3), (1, 2), (3, 0)]
+    logits = torch.zeros(8, E)
+    for t, (a, b) in enumerate(pairs * 2):
+        logits[t, [a, b]] = 1.0
+    assert math.isclose(load_balancing_loss(logits, K).item(), K, rel_tol=1e-6)
+    skewed = torch.zeros(8, E, requires_grad=True)
+    with torch.no_grad():
+        skewed[:, :2] += 1.0  # everyone picks experts 0 and 1
+    load_balancing_loss(skewed, K).backward()
+    assert bool((skewed.grad[:, :2] > 0).all())  # gradient descent lowers the busy experts' logits
+
+
+def test_router_z_loss_is_mean_squared_logsumexp():
+    logits = torch.zeros(5, 8)
+    assert math.isclose(router_z_loss(logits).item(), math.log(8) ** 2, rel_tol=1e-6)
+    x = torch.randn(7, 4, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(router_z_loss(x), (torch.logsumexp(x, -1) ** 2).mean())
+
+
+# --------------------------------------------------------------------------- capacity
+def test_expert_capacity_arithmetic():
+    assert expert_capacity(4096, 8, 2, 1.25) == 1280  # 1.25 · 4096 · 2 / 8
+    assert expert_capacity(4096, 8, 2, 1.0) == 1024
+    assert expert_capacity(10, 4, 1, 1.0) == 3  # ceil(2.5)
+    assert expert_capacity(100, 10, 1, 1.1) == 11  # not 12: 1.1 is taken as 11/10
+    assert expert_capacity(3, 8, 1, 0.01) == 1  # never below one slot
+    assert expert_capacity(10, 4, 2, None) is None
+
+
+def test_no_capacity_drops_nothing_and_small_capacity_drops_the_overflow():
+    moe = _layer(seed=5, num_experts=4, top_k=2)
+    x = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(6))
+    moe(x)
+    assert moe.last_stats.dropped == 0 and moe.last_stats.drop_rate == 0.0
+    for cf in (0.5, 1.0):
+        moe.capacity_factor = cf
+        moe(x)
+        s = moe.last_stats
+        cap = expert_capacity(32, 4, 2, cf)
+        assert s.capacity == cap
+        assert s.kept.tolist() == [min(int(n), cap) for n in s.routed]
+        assert s.dropped == sum(max(0, int(n) - cap) for n in s.routed)
+        assert math.isclose(s.drop_rate, s.dropped / 64)
+
+
+@pytest.mark.parametrize("dispatch", ["loop", "grouped"])
+def test_dropped_tokens_get_zero_output_first_come_first_served(dispatch):
+    # every token prefers expert 2; top-1, so its gate is 1 and its output is expert 2's FFN alone
+    moe = _layer(num_experts=4, top_k=1, capacity_factor=1.0, dispatch=dispatch)  # capacity ceil(6/4) = 2
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[2, 0] = 1.0
+    x = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(0))
+    x[..., 0] = x[..., 0].abs() + 1.0
+    y, _ = moe(x)
+    assert moe.last_stats.capacity == 2 and moe.last_stats.dropped == 4
+    flat = y.reshape(6, 16)
+    expected = moe.expert(x.reshape(6, 16)[:2], moe.w1[2], moe.w2[2])  # (2, C): the first two in token order
+    torch.testing.assert_close(flat[:2], expected, atol=ATOL, rtol=0)
+    assert torch.count_nonzero(flat[2:]) == 0  # positions 2..5 arrived too late: zero, the residual carries them
+
+
+# --------------------------------------------------------------------------- counting
+def test_param_counts_for_the_lesson_layer():
+    c = moe_param_counts(256, 1024, 8, 2)
+    assert c["expert"] == 2 * 256 * 1024 and c["router"] == 256 * 8
+    assert c["total"] == 8 * c["expert"] + c["router"] and c["active"] == 2 * c["expert"] + c["router"]
+    assert c["flops_per_token"] == 2 * c["active"]
+    assert moe_param_counts(256, 1024, 8, 2, activation="swiglu")["expert"] == 3 * 256 * 1024
+    moe = MoE(256, 1024, 8, 2)
+    assert sum(p.numel() for p in moe.parameters()) == c["total"]
+
+
+def test_param_counts_for_mixtral_8x7b_equal_hugging_face_and_the_published_active_count():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    c = moe_param_counts(**MIXTRAL_8X7B)
+    config = MixtralConfig(hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+                           num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                           tie_word_embeddings=False)
+    with torch.device("meta"):  # shapes only: 46.7 B parameters would not fit in memory
+        model = MixtralForCausalLM(config)
+    assert c["total"] == sum(p.numel() for p in model.parameters())
+    assert round(c["total"] / 1e9, 1) == 46.7 and round(c["active"] / 1e9, 1) == 12.9  # Mistral AI's figures
+
+
+# --------------------------------------------------------------------------- the small language model
+def test_moe_gpt_keeps_router_logits_of_every_layer_and_trains():
+    from lib.gpt import GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    model = moe_gpt(config, num_experts=4, top_k=2, d_ff=32)
+    idx = torch.randint(20, (3, 8))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 8, 20)
+    router = router_logits_of(model)
+    assert len(router) == 2 and all(r.shape == (24, 4) for r in router)
+    (loss + 0.01 * load_balancing_loss(router, 2)).backward()
+    assert model.transformer.h[0].mlp.moe.router.weight.grad is not None
+
+
+def test_train_moe_lm_records_load_per_step_and_is_reproducible():
+    kw = dict(steps=3, n_layer=1, n_embd=16, n_head=2, d_ff=16, num_experts=4, batch_size=2, seq_len=8)
+    a = train_moe_lm(0.01, **kw)
+    b = train_moe_lm(0.01, **kw)
+    assert a.loss == b.loss and len(a.loss) == len(a.aux_loss) == len(a.dead_experts) == 3
+    assert a.load.shape == (3, 1, 4)
+    torch.testing.assert_close(a.load.sum(-1), torch.ones(3, 1))
+    assert len(a.imbalance) == 3 and all(i >= 1.0 for i in a.imbalance)
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(top_k=7), "top_k must be <= num_experts=6"),
+    (dict(top_k=0), "top_k must be >= 1"),
+    (dict(num_experts=0, top_k=1), "num_experts must be >= 1"),
+    (dict(d_model=0), "d_model must be >= 1"),
+    (dict(capacity_factor=0), "capacity_factor must be > 0"),
+    (dict(capacity_factor=-1.5), "capacity_factor must be > 0"),
+    (dict(dispatch="scatter"), "dispatch must be one of"),
+    (dict(gating="sigmoid"), "gating must be one of"),
+    (dict(activation="relu"), "activation must be one of"),
+])
+def test_bad_layer_arguments_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _layer(**kwargs)
+
+
+def test_bad_attribute_and_input_errors_name_the_argument():
+    moe = _layer()
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        moe.dispatch = "fast"
+    with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+        moe.capacity_factor = 0.0
+    with pytest.raises(TypeError, match="capacity_factor must be a positive real"):
+        moe.capacity_factor = "1.25"
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, d_model=16\), got \(2, 3, 8\)"):
+        moe(torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, d_model\)"):
+        moe(torch.randn(6, 16))
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        moe(torch.ones(2, 3, 16, dtype=torch.long))
+    with pytest.raises(ValueError, match="top_k must be <= the number of experts E=4"):
+        load_balancing_loss(torch.randn(5, 4), 5)
+    with pytest.raises(ValueError, match="router_logits must have shape"):
+        router_z_loss(torch.randn(5))
+    with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+        expert_capacity(10, 4, 1, 0)
+    with pytest.raises(ValueError, match="top_k must be <= num_experts"):
+        moe_param_counts(16, 32, 2, 3)

@@ -1,0 +1,158 @@
+"""Benchmark: the MoE layer's two dispatch paths, "loop" and "grouped", side by side.
+
+    python tools/bench_moe.py                  # writes benchmarks/moe_<device>.json
+    python tools/bench_moe.py --repeats 9 --threads 2     # one thread count only
+
+One lib.moe.MoE per setting (random weights: time does not depend on their values, and a random
+router spreads tokens about evenly), timed forward (under no_grad) and forward + backward, both
+dispatches in the same process, alternating, after a warm-up; the result is the ratio of the
+medians (and of the minima: other jobs on a shared machine slow some repeats, never speed one up).
+Settings: the lesson's target (4096 tokens, d_model 256, d_ff 1024, 8 experts, top-2), the same at
+1024 tokens, and many small experts (64 experts of d_ff 128 at d_model 64), where finding and
+moving tokens weighs more against the expert matmuls. Beside them, the expert matmuls alone on
+segments of the same sizes: no dispatch can beat that, so loop / experts-alone bounds what any
+dispatch can gain. Run with 2 torch threads, then 1 (on a shared 2-core machine, 2 threads
+contend with other jobs at every parallel region). A record, not a test: timings depend on the
+machine and on whatever else runs on it (the 1-minute load average is stored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from lib.moe import MoE
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = {
+    "target": dict(tokens=4096, d_model=256, d_ff=1024, num_experts=8, top_k=2),
+    "target_1024_tokens": dict(tokens=1024, d_model=256, d_ff=1024, num_experts=8, top_k=2),
+    "many_small_experts": dict(tokens=4096, d_model=64, d_ff=128, num_experts=64, top_k=2),
+}
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def time_setting(s: dict, repeats: int, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    moe = MoE(s["d_model"], s["d_ff"], s["num_experts"], s["top_k"]).to(device)
+    x = torch.randn(1, s["tokens"], s["d_model"], device=device)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def forward() -> None:
+        with torch.no_grad():
+            moe(x)
+
+    def forward_backward() -> None:
+        xg = x.detach().requires_grad_(True)
+        y, _ = moe(xg)
+        y.sum().backward()
+        moe.zero_grad(set_to_none=True)
+
+    # the expert matmuls alone, on segments of the sizes this router produces: what no dispatch avoids
+    forward()
+    sizes = moe.last_stats.kept.tolist()
+    segments = [torch.randn(n, s["d_model"], device=device) for n in sizes]
+
+    def experts_only() -> None:
+        with torch.no_grad():
+            for seg, w in zip(segments, moe._weights()):
+                moe.expert(seg, *w)
+
+    seconds = {f"{p}_{d}": [] for p in ("forward", "forward_backward") for d in ("loop", "grouped")}
+    seconds["forward_experts_only"] = []
+    for rep in range(repeats + 1):  # the first round is the warm-up, not recorded
+        for dispatch in ("loop", "grouped", None):
+            if dispatch is None:
+                runs = (("forward_experts_only", experts_only),)
+            else:
+                moe.dispatch = dispatch
+                runs = ((f"forward_{dispatch}", forward), (f"forward_backward_{dispatch}", forward_backward))
+            for name, fn in runs:
+                sync()
+                start = time.perf_counter()
+                fn()
+                sync()
+                if rep:
+                    seconds[name].append(time.perf_counter() - start)
+    median = {k: statistics.median(v) for k, v in seconds.items()}
+    fastest = {k: min(v) for k, v in seconds.items()}
+    return {
+        "setting": s,
+        "seconds": {k: [round(t, 5) for t in v] for k, v in seconds.items()},
+        "median_ms": {k: round(1000 * v, 2) for k, v in median.items()},
+        "min_ms": {k: round(1000 * v, 2) for k, v in fastest.items()},
+        "speedup_grouped_over_loop": {p: round(median[f"{p}_loop"] / median[f"{p}_grouped"], 2)
+                                      for p in ("forward", "forward_backward")},
+        "speedup_grouped_over_loop_of_min": {p: round(fastest[f"{p}_loop"] / fastest[f"{p}_grouped"], 2)
+                                             for p in ("forward", "forward_backward")},
+        # loop forward / expert matmuls alone: the most any dispatch could gain over the loop
+        "forward_ceiling_loop_over_experts_only": round(median["forward_loop"] / median["forward_experts_only"], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1],
+                        help="torch thread counts to run, in turn (default: 2, then 1)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    results, load = {}, []
+    for n in args.threads:
+        torch.set_num_threads(n)
+        load.append(round(os.getloadavg()[0], 2))
+        results[f"threads_{n}"] = {name: time_setting(s, args.repeats, device) for name, s in SETTINGS.items()}
+    load.append(round(os.getloadavg()[0], 2))
+    result = {
+        "benchmark": "lib.moe.MoE forward and forward+backward, dispatch='loop' vs 'grouped', fp32, batch 1",
+        "results": results,
+        "machine": {"device": torch.cuda.get_device_name() if device.type == "cuda" else cpu_name(),
+                    "cpu_cores": os.cpu_count(), "torch_threads": args.threads,
+                    "load_average_1min": load,  # at the start of each thread count's run, and at the end
+                    "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()},
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "generated_by": "tools/bench_moe.py",
+    }
+    out = args.out or ROOT / "benchmarks" / f"moe_{device.type}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+    print("| threads | setting | tokens | E | K | d_model | d_ff | pass | loop ms | grouped ms | experts alone ms "
+          "| loop / grouped | loop / grouped (min) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for threads, settings in results.items():
+        for name, r in settings.items():
+            s, m = r["setting"], r["median_ms"]
+            for p in ("forward", "forward_backward"):
+                alone = m["forward_experts_only"] if p == "forward" else ""
+                print(f"| {threads.split('_')[1]} | {name} | {s['tokens']} | {s['num_experts']} | {s['top_k']} | "
+                      f"{s['d_model']} | {s['d_ff']} | {p.replace('_', '+')} | {m[f'{p}_loop']} | {m[f'{p}_grouped']} "
+                      f"| {alone} | {r['speedup_grouped_over_loop'][p]}x | {r['speedup_grouped_over_loop_of_min'][p]}x |")
+    print(f"\nMedians of {args.repeats} repeats (ms). {result['machine']['device']}, torch {result['machine']['torch']}, "
+          f"load average {load}; written to {out}")
+
+
+if __name__ == "__main__":
+    main()
