@@ -493,6 +493,7 @@ class MoETrainRecord:
     load: torch.Tensor | None = None  # (steps, L, E): share of each layer's assignments per expert
     seconds: float = 0.0
     model: nn.Module | None = field(default=None, repr=False)  # the trained model, in eval mode
+    data: torch.Tensor | None = field(default=None, repr=False)  # the token stream it trained on
 
     @property
     def imbalance(self) -> list[float]:
@@ -538,7 +539,7 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
     model = moe_gpt(config, num_experts, top_k, d_ff, capacity_factor=capacity_factor, gating=gating)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed)
-    record = MoETrainRecord(alpha=float(alpha), num_experts=num_experts, top_k=top_k)
+    record = MoETrainRecord(alpha=float(alpha), num_experts=num_experts, top_k=top_k, data=data)
     loads = []
     start = time.perf_counter()
     model.train()

@@ -1,0 +1,243 @@
+"""The router view draws exactly the loads, losses and probe assignments it is given, at every
+frame and control value, and refuses inconsistent records with a message instead of drawing garbage."""
+
+import ast
+import inspect
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import widgets.router_view as router_view
+from widgets.router_view import MAX_FRAMES, RouterView, check_router_runs, router_figure
+
+
+def _run(S=12, L=2, E=4, seed=0, probe=False):
+    """A fake training record: loads are shares (each layer's row sums to 1)."""
+    rng = np.random.default_rng(seed)
+    run = {"load": rng.dirichlet(np.ones(E), size=(S, L)), "loss": 3.0 - np.linspace(0, 1, S) + rng.uniform(0, 0.1, S),
+           "aux_loss": rng.uniform(2.0, 2.5, S)}
+    if probe:
+        run["assignments"] = rng.integers(0, E, size=(3, L, 40))
+        run["assignment_steps"] = [0, S // 2, S - 1]
+    return run
+
+
+def _moving(E):
+    """The traces that follow the step: bars, step marker, loss dot, aux dot (and the probe strip)."""
+    return {"bars": 0, "marker": E + 3, "loss": E + 5, "aux": E + 7, "strip": E + 8}
+
+
+def test_every_frame_shows_that_steps_load_and_losses():
+    runs = {"α = 0": _run(seed=1), "α = 0.01": _run(seed=2)}
+    for label, rec in runs.items():
+        for layer in (0, 1):
+            fig = router_figure(runs, run=label, layer=layer)
+            idx = _moving(4)
+            assert [f.name for f in fig.frames] == [str(s) for s in range(12)]  # S <= MAX_FRAMES: every step
+            assert len(fig.layout.sliders[0].steps) == 12 and fig.layout.sliders[0].active == 11
+            for s, frame in enumerate(fig.frames):
+                data = dict(zip(frame.traces, frame.data))
+                assert np.allclose(data[idx["bars"]].y, rec["load"][s, layer], rtol=1e-3)  # 4 significant digits
+                assert [float(t) for t in data[idx["bars"]].text] == pytest.approx(rec["load"][s, layer], rel=1e-2)
+                assert list(data[idx["marker"]].x) == [s, s]
+                assert data[idx["loss"]].y[0] == pytest.approx(rec["loss"][s], rel=1e-3)
+                assert data[idx["aux"]].y[0] == pytest.approx(rec["aux_loss"][s], rel=1e-3)
+                assert f"{label}, layer {layer}, step {s} of 11" in frame.layout.title.text
+            # the shown step's traces equal the last frame's
+            assert np.allclose(fig.data[0].y, rec["load"][-1, layer], rtol=1e-3)
+
+
+def test_exact_loads_are_drawn_exactly():
+    load = np.array([[[0.5, 0.25, 0.125, 0.125]], [[0.25, 0.25, 0.25, 0.25]], [[1.0, 0.0, 0.0, 0.0]]])  # (3, 1, 4)
+    fig = router_figure({"r": {"load": load, "loss": [3.0, 2.5, 2.0], "aux_loss": [1.5, 1.0, 2.0]}}, step=0)
+    for s, frame in enumerate(fig.frames):
+        assert list(frame.data[0].y) == load[s, 0].tolist()
+    assert list(fig.data[0].y) == load[0, 0].tolist()
+    last = fig.frames[2].layout.title.text
+    assert "4.00× the even share" in last and "3 of 4 experts got no token" in last
+    for e in range(4):  # each expert's line over training is its column
+        assert list(fig.data[2 + e].y) == load[:, 0, e].tolist() and fig.data[2 + e].name == f"expert {e}"
+
+
+def test_long_runs_get_at_most_forty_frames_including_the_shown_step():
+    rec = _run(S=1000, L=1, E=8)
+    fig = router_figure({"r": rec}, step=123)
+    steps = [int(f.name) for f in fig.frames]
+    assert len(steps) <= MAX_FRAMES and steps == sorted(set(steps))
+    assert {0, 123, 999} <= set(steps) and fig.layout.meta["frame_steps"] == steps
+    assert fig.layout.sliders[0].steps[fig.layout.sliders[0].active].label == "123"
+    for s, frame in zip(steps, fig.frames):
+        assert np.allclose(frame.data[0].y, rec["load"][s, 0], rtol=1e-3)
+    size = len(json.dumps(fig.to_plotly_json(), default=str))
+    assert size < 150_000, f"the static figure is {size} bytes: too heavy for a notebook"
+
+
+@pytest.mark.parametrize("E", [1, 3, 8, 20])
+def test_even_share_line_sits_at_one_over_E(E):
+    fig = router_figure({"r": _run(S=5, L=1, E=E)})
+    assert list(fig.data[1].y) == [1 / E, 1 / E] and list(fig.data[1].x) == [-0.5, E - 0.5]
+    assert list(fig.data[E + 2].y) == [1 / E, 1 / E]  # the same line on the over-training panel
+    assert "1/E" in fig.data[1].name and "dash" == fig.data[1].line.dash
+    assert any(a.text == f"1/E = {1 / E:.3g}" for a in fig.layout.annotations)
+    assert fig.layout.yaxis.range[1] >= 1 / E  # the line is always in view
+
+
+def test_probe_strip_shows_the_sample_at_or_before_the_step_with_expert_numbers():
+    rec = _run(S=12, L=2, E=4, probe=True)  # samples at steps 0, 6, 11; 40 tokens wrap into two rows
+    rec["tokens"] = [f"t{i}" for i in range(40)]
+    fig = router_figure({"r": rec}, layer=1, step=7)
+    strip = fig.data[-1]
+    row = rec["assignments"][1, 1]  # step 7 -> the sample at step 6, layer 1
+    assert np.array(strip.z, dtype=float).ravel()[:40].tolist() == row.tolist()
+    assert [t for r in strip.text for t in r][:40] == [str(e) for e in row]  # the number, not colour alone
+    assert strip.customdata[1][0] == "token 32 't32'"
+    assert "routed at step 6" in fig.layout.title.text
+    for frame in fig.frames:
+        s = int(frame.name)
+        sample = 0 if s < 6 else 1 if s < 11 else 2
+        assert np.array(frame.data[-1].z, dtype=float).ravel()[:40].tolist() == rec["assignments"][sample, 1].tolist()
+    # 2-D assignments (one layer's routing) default their steps when there is one row per step
+    flat = {"load": rec["load"], "loss": rec["loss"], "aux_loss": rec["aux_loss"],
+            "assignments": np.zeros((12, 5), dtype=int)}
+    assert check_router_runs({"r": flat})["r"]["assignment_steps"].tolist() == list(range(12))
+
+
+def test_single_step_run_and_one_expert_one_layer():
+    one = {"load": np.ones((1, 1, 1)), "loss": [2.0], "aux_loss": [1.0], "assignments": np.zeros((1, 5))}
+    fig = router_figure({"r": one})
+    assert not fig.frames and fig.layout.meta["shape"] == [1, 1, 1] and list(fig.data[0].y) == [1.0]
+    assert "1.00× the even share" in fig.layout.title.text
+    view = RouterView({"r": one})
+    assert set(view.controls) == {"step"} and view.controls["step"].max == 0
+    fig = router_figure({"r": _run(S=7, L=1, E=1)}, step=3)
+    assert len(fig.frames) == 7 and list(fig.data[0].y) == [1.0]
+
+
+def test_torch_tensors_and_record_objects_are_accepted():
+    torch = pytest.importorskip("torch")
+    load = torch.softmax(torch.randn(6, 2, 4), dim=-1)
+    loss, aux = torch.rand(6) + 1, torch.rand(6) + 2
+    fig = router_figure({"t": {"load": load, "loss": loss, "aux_loss": aux,
+                               "assignments": torch.randint(0, 4, (2, 9)), "assignment_steps": torch.tensor([0, 3])}},
+                        step=4, animate=False)
+    assert np.allclose(fig.data[0].y, load[4, 0].numpy(), rtol=1e-3)
+    # a record with these attributes (as lib.moe.MoETrainRecord has) is read by attribute
+    record = SimpleNamespace(load=load, loss=loss.tolist(), aux_loss=aux.tolist(), drop_rate=[0.0] * 6, alpha=0.01)
+    fig = router_figure({"α = 0.01": record}, layer=1, step=2, animate=False)
+    assert np.allclose(fig.data[0].y, load[2, 1].numpy(), rtol=1e-3)
+
+
+def _with(**changes):
+    run = _run(S=5, L=1, E=3)
+    run.update(changes)
+    return {"r": {k: v for k, v in run.items() if v is not None}}
+
+
+@pytest.mark.parametrize("runs, words", [
+    ({}, "non-empty"),
+    ([1, 2], "non-empty"),
+    ({"r": 3.0}, "must be a dict"),
+    (_with(aux_loss=None), "missing ['aux_loss']"),
+    (_with(load=np.ones((5, 3)) / 3), "load[:, None, :]"),
+    (_with(load=np.ones((0, 1, 3))), "shape (steps, L, E)"),
+    (_with(loss=np.ones(4)), "steps mismatch"),
+    (_with(aux_loss=np.ones((5, 1))), "steps mismatch"),
+    (_with(load=np.full((5, 1, 3), np.nan)), "non-finite"),
+    (_with(loss=[1, 2, np.inf, 3, 4]), "non-finite"),
+    (_with(load=-np.ones((5, 1, 3))), "negative"),
+    (_with(load="lots"), "must be numbers"),
+    ({"a": _run(S=5, L=1, E=3), "b": _run(S=5, L=1, E=4)}, "one (L, E)"),
+    (_with(assignments=np.zeros((2, 6), dtype=int)), "give 'assignment_steps'"),
+    (_with(assignments=np.full((5, 6), 3)), "ints in [0, 2]"),
+    (_with(assignments=np.full((5, 6), 0.5)), "ints in [0, 2]"),
+    (_with(assignments=np.zeros((5, 2, 6))), "(S', L=1, n_tokens)"),
+    (_with(assignments=np.zeros((2, 6)), assignment_steps=[0, 1, 2]), "one step per"),
+    (_with(assignments=np.zeros((2, 6)), assignment_steps=[3, 1]), "increasing step indices in [0, 4]"),
+    (_with(assignments=np.zeros((2, 6)), assignment_steps=[0, 5]), "increasing step indices in [0, 4]"),
+    (_with(assignment_steps=[0]), "no 'assignments'"),
+    (_with(assignments=np.zeros((5, 6)), tokens=["a"]), "6 probe tokens"),
+])
+def test_bad_records_are_refused_with_a_reason(runs, words):
+    with pytest.raises(ValueError) as err:
+        check_router_runs(runs)
+    assert words in str(err.value)
+
+
+def test_bad_run_layer_or_step_is_refused():
+    runs = {"a": _run(S=5, L=2, E=3)}
+    with pytest.raises(ValueError, match="run must be one of"):
+        router_figure(runs, run="b")
+    for bad in (-1, 2, 1.0, True):
+        with pytest.raises(ValueError, match="layer must be"):
+            router_figure(runs, layer=bad)
+    for bad in (-1, 5, 2.0, False):
+        with pytest.raises(ValueError, match="step must be"):
+            router_figure(runs, step=bad)
+
+
+def _plotted(fig):
+    """What the browser test compares: every trace's z and text."""
+    return json.dumps([[t.to_plotly_json().get("z"), t.to_plotly_json().get("text")] for t in fig.data], default=str)
+
+
+def test_live_view_survives_every_control_value_and_redraws():
+    import ipywidgets as W
+
+    runs = {"α = 0": _run(S=6, seed=1, probe=True), "α = 0.01": _run(S=4, seed=2), "α = 0.1": _run(S=6, seed=3)}
+    view = RouterView(runs)
+    c = view.controls
+    assert set(c) == {"run", "layer", "step"} and c["step"].value == 0  # starts at step 0: room to move right
+
+    def sliders(w):
+        kids = getattr(w, "children", ())
+        return [w] if isinstance(w, W.IntSlider) else [s for k in kids for s in sliders(k)]
+    assert sliders(view.widget)[-1] is c["step"]  # the last slider is the step slider
+
+    before = _plotted(view.figure)
+    c["step"].value = 3
+    assert _plotted(view.figure) != before
+    assert list(view.figure.data[0].y) == pytest.approx(runs["α = 0"]["load"][3, 0], rel=1e-3)
+    before = _plotted(view.figure)
+    c["run"].value = "α = 0.01"
+    assert _plotted(view.figure) != before
+    for label in c["run"].options:
+        c["run"].value = label
+        S = runs[label]["load"].shape[0]
+        assert c["step"].max == S - 1
+        for layer in (0, 1):
+            c["layer"].value = layer
+            seen = set()
+            for s in range(c["step"].min, c["step"].max + 1):
+                c["step"].value = s
+                assert view.figure.layout.meta["run"] == label and view.figure.layout.meta["step"] == s
+                assert view.figure.layout.meta["layer"] == layer
+                assert list(view.figure.data[0].y) == pytest.approx(runs[label]["load"][s, layer], rel=1e-3)
+                assert list(view.figure.data[view.figure.layout.meta["shape"][2] + 3].x) == [s, s]
+                seen.add(_plotted(view.figure))
+            assert len(seen) == S  # every step draws something different
+            c["step"].value = c["step"].max  # the longest run's last step, before a shorter run is chosen
+    c["run"].value = "α = 0"
+    c["step"].value = 5
+    c["run"].value = "α = 0.01"  # 4 steps: the slider is pulled back into range
+    assert c["step"].value == 3 and view.figure.layout.meta["step"] == 3
+    assert "no probe assignments" in view.figure.layout.annotations[4].text
+    c["run"].value = "α = 0"
+    assert "probe tokens" in view.figure.layout.annotations[4].text and view.figure.data[-1].z[0][0] is not None
+    assert "live widget" in view._repr_mimebundle_()["text/plain"]
+
+
+def test_one_run_one_layer_has_only_the_step_slider():
+    view = RouterView({"α = 0.01": _run(S=6, L=1, E=4)}, step=2)
+    assert set(view.controls) == {"step"} and view.figure.layout.meta["step"] == 2
+    before = _plotted(view.figure)
+    view.controls["step"].value = 5
+    assert _plotted(view.figure) != before
+
+
+def test_widget_imports_no_model_code():
+    tree = ast.parse(inspect.getsource(router_view))
+    modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in modules if m == "lib" or m.startswith("lib.") or m == "torch"]
