@@ -150,10 +150,11 @@ class SSMStateView:
                                            continuous_update=False, layout={"width": "60%"})
             self.controls["text"].observe(self._on_text, names="value")
             rows.append(self.controls["text"])
-        self.controls["step"] = W.IntSlider(value=len(self.tokens), min=1, max=len(self.tokens),
+        # opens at the first token: step through the sequence as it arrives
+        self.controls["step"] = W.IntSlider(value=1, min=1, max=len(self.tokens),
                                             description="token", style=style, continuous_update=True)
         self.controls["step"].observe(self._on_step, names="value")
-        self.figure = go.FigureWidget(ssm_state_figure(self.tokens, self.runs, animate=False))
+        self.figure = go.FigureWidget(ssm_state_figure(self.tokens, self.runs, step=0, animate=False))
         self.widget = W.VBox(rows + [self.controls["step"], self.status, self.figure])
 
     def set_step(self, step: int) -> None:
@@ -178,8 +179,8 @@ class SSMStateView:
         slider = self.controls["step"]
         with slider.hold_trait_notifications():
             slider.max = len(tokens)
-            slider.value = len(tokens)
-        self.set_step(len(tokens))
+            slider.value = 1
+        self.set_step(1)
 
     def _repr_mimebundle_(self, **kwargs):
         return live_mimebundle(self.widget, "SSMStateView", **kwargs)

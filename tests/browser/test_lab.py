@@ -108,7 +108,7 @@ def test_every_live_widget_responds_to_a_control(lab_page):
         plot = box.locator(".js-plotly-plot").first
         plot.wait_for(timeout=60_000)
         page.wait_for_function("(el) => el.data && el.data.length >= 1", arg=plot.element_handle(), timeout=30_000)
-        before = plot.evaluate("(el) => JSON.stringify(el.data.map(t => [t.z, t.text]))")
+        before = plot.evaluate("(el) => JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text]))")
         selects = box.locator(".widget-dropdown select")
         if selects.count():
             select = selects.first
@@ -120,7 +120,7 @@ def test_every_live_widget_responds_to_a_control(lab_page):
             handle.focus()
             for _ in range(3):
                 handle.press("ArrowRight")
-        page.wait_for_function("([el, old]) => JSON.stringify(el.data.map(t => [t.z, t.text])) !== old",
+        page.wait_for_function("([el, old]) => JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text])) !== old",
                                arg=[plot.element_handle(), before], timeout=30_000)
         checked += 1
     assert checked >= 1, "every lesson has at least one live widget"
