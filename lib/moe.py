@@ -494,6 +494,9 @@ class MoETrainRecord:
     seconds: float = 0.0
     model: nn.Module | None = field(default=None, repr=False)  # the trained model, in eval mode
     data: torch.Tensor | None = field(default=None, repr=False)  # the token stream it trained on
+    assignments: list[list[int]] = field(default_factory=list)  # per probe step: layer 0's first-choice expert
+    assignment_steps: list[int] = field(default_factory=list)  # the steps at which the probe was routed
+    tokens: list[str] | None = None  # the probe's tokens as text (when the default character data is used)
 
     @property
     def imbalance(self) -> list[float]:
@@ -510,7 +513,8 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
                  seq_len: int = 32, lr: float = 1e-2, z_loss: float = 0.0, capacity_factor: float | None = None,
                  gating: str = "topk_softmax",
                  data: torch.Tensor | None = None, vocab_size: int | None = None, seed: int = 0,
-                 on_step: Callable[[int, MoETrainRecord], None] | None = None) -> MoETrainRecord:
+                 on_step: Callable[[int, MoETrainRecord], None] | None = None,
+                 probe_every: int = 5) -> MoETrainRecord:
     """Train a small MoE GPT (`moe_gpt`) on next-token prediction with loss
     ce + alpha · load_balancing_loss + z_loss · router_z_loss, recording every step's losses and
     per-expert load. `data` is a 1-D token stream (default: lib.corpus.facts_corpus as characters).
@@ -527,6 +531,8 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
     if isinstance(z_loss, bool) or not isinstance(z_loss, Real) or not z_loss >= 0:
         raise ValueError(f"z_loss must be a real number >= 0, got {z_loss!r}")
     require_int("steps", steps, minimum=1)
+    require_int("probe_every", probe_every, minimum=1)
+    vocab = None
     if data is None:
         text = "\n".join(facts_corpus(1000, seed=0)) + "\n"  # one corpus; `seed` varies init and batches
         vocab = CharVocab.build(text)
@@ -540,6 +546,9 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed)
     record = MoETrainRecord(alpha=float(alpha), num_experts=num_experts, top_k=top_k, data=data)
+    probe = data[:seq_len].unsqueeze(0)  # (1, T): one fixed window, routed every `probe_every` steps
+    if vocab is not None:
+        record.tokens = list(vocab.decode(probe[0].tolist()))
     loads = []
     start = time.perf_counter()
     model.train()
@@ -561,6 +570,11 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
         record.z_loss.append(z.item())
         record.drop_rate.append(sum(s.drop_rate for s in stats) / len(stats))
         record.dead_experts.append(sum(int((s.routed == 0).sum()) for s in stats))
+        if step % probe_every == 0 or step == steps - 1:  # after the routing stats: this forward overwrites them
+            with torch.no_grad():
+                model(probe)
+            record.assignments.append(router_logits_of(model)[0].argmax(dim=-1).tolist())  # (T,) layer 0
+            record.assignment_steps.append(step)
         if on_step is not None:
             record.load = torch.stack(loads)  # (step + 1, L, E)
             on_step(step, record)

@@ -252,6 +252,13 @@ def test_train_moe_lm_records_load_per_step_and_is_reproducible():
     assert a.load.shape == (3, 1, 4)
     torch.testing.assert_close(a.load.sum(-1), torch.ones(3, 1))
     assert len(a.imbalance) == 3 and all(i >= 1.0 for i in a.imbalance)
+    # the probe is routed at steps 0 and the last, first-choice experts of layer 0, without changing training
+    assert a.assignment_steps == [0, 2] and len(a.assignments) == 2 and len(a.assignments[0]) == 8
+    assert all(0 <= e < 4 for row in a.assignments for e in row) and len(a.tokens) == 8
+    c = train_moe_lm(0.01, probe_every=1, **kw)
+    assert c.loss == a.loss and c.assignment_steps == [0, 1, 2]
+    with pytest.raises(ValueError, match="probe_every must be >= 1"):
+        train_moe_lm(0.01, probe_every=0, **kw)
 
 
 # --------------------------------------------------------------------------- bad input
