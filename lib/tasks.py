@@ -1,8 +1,11 @@
 """Synthetic sequence tasks that separate architectures, generated on the fly (no data files).
 
-    selective_copying(batch, ...)   remember the few data tokens scattered among blanks, then
+    SelectiveCopying(...)           remember the few data tokens scattered among blanks, then
                                     repeat them in order when the recall markers arrive (Mamba,
                                     Gu & Dao 2023, §4.1.1: needs content-aware, selective memory)
+    AssociativeRecall(...)          key-value pairs, then queries for some keys: answer each with
+                                    its value (multi-query associative recall, Arora et al. 2023,
+                                    "Zoology": needs in-context retrieval, attention's strength)
     train_on_task(model, task, ...) masked next-token training on any model whose forward(idx)
                                     returns logits (B, T, V) (lib.gpt.GPT, lib.ssm.MambaLM, ...)
     task_accuracy(model, task, ...) the share of answer tokens predicted exactly (greedy)
@@ -24,7 +27,8 @@ import torch.nn.functional as F
 
 from lib._checks import require_int
 
-__all__ = ["BLANK", "IGNORE", "RECALL", "SelectiveCopying", "task_accuracy", "task_loss", "train_on_task"]
+__all__ = ["BLANK", "IGNORE", "RECALL", "AssociativeRecall", "SelectiveCopying", "task_accuracy", "task_loss",
+           "train_on_task"]
 
 BLANK, RECALL, IGNORE = 0, 1, -100
 
@@ -76,6 +80,64 @@ class SelectiveCopying:
         """One sequence as text: '.' blank, '?' marker, letters for symbols."""
         names = {BLANK: ".", RECALL: "?"}
         return " ".join(names.get(int(t), chr(ord("A") + int(t) - 2)) for t in idx)
+
+
+class AssociativeRecall:
+    """Multi-query associative recall: `n_pairs` (key, value) pairs with distinct keys, then
+    `n_queries` of those keys in random order; at each query the model must output its value.
+
+    Token ids: 0 unused, 1 the separator between pairs and queries, keys 2 .. 2 + n_keys - 1,
+    values 2 + n_keys .. 2 + n_keys + n_values - 1. A fixed-size state must store every pair it
+    may be asked about; attention can look each one up. Calling the task gives one batch.
+    """
+
+    def __init__(self, n_pairs: int = 8, n_queries: int = 4, n_keys: int = 16, n_values: int = 16):
+        self.n_pairs = require_int("n_pairs", n_pairs, minimum=1)
+        self.n_queries = require_int("n_queries", n_queries, minimum=1)
+        self.n_keys = require_int("n_keys", n_keys, minimum=1)
+        self.n_values = require_int("n_values", n_values, minimum=1)
+        if n_pairs > n_keys:
+            raise ValueError(f"n_pairs must be <= n_keys (keys are distinct), got n_pairs={n_pairs}, n_keys={n_keys}")
+        if n_queries > n_pairs:
+            raise ValueError(f"n_queries must be <= n_pairs (each query asks a different stored key), got "
+                             f"n_queries={n_queries}, n_pairs={n_pairs}")
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 + self.n_keys + self.n_values
+
+    @property
+    def seq_len(self) -> int:
+        return 2 * self.n_pairs + 1 + self.n_queries
+
+    def __repr__(self) -> str:
+        return (f"AssociativeRecall(n_pairs={self.n_pairs}, n_queries={self.n_queries}, n_keys={self.n_keys}, "
+                f"n_values={self.n_values}): sequences of {self.seq_len} tokens, vocabulary {self.vocab_size}")
+
+    def __call__(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(idx (B, T), targets (B, T)): targets hold the values at the query positions, -100 elsewhere."""
+        require_int("batch", batch, minimum=1)
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        P, Q = self.n_pairs, self.n_queries
+        keys = torch.rand(batch, self.n_keys, generator=generator).argsort(dim=1)[:, :P] + 2  # (B, P) distinct
+        values = torch.randint(2 + self.n_keys, 2 + self.n_keys + self.n_values, (batch, P), generator=generator)
+        asked = torch.rand(batch, P, generator=generator).argsort(dim=1)[:, :Q]  # (B, Q) which pairs are queried
+        idx = torch.empty(batch, self.seq_len, dtype=torch.long)
+        idx[:, 0:2 * P:2], idx[:, 1:2 * P:2] = keys, values
+        idx[:, 2 * P] = RECALL  # the separator
+        idx[:, 2 * P + 1:] = keys.gather(1, asked)
+        targets = torch.full_like(idx, IGNORE)
+        targets[:, 2 * P + 1:] = values.gather(1, asked)
+        return idx, targets
+
+    def describe(self, idx: torch.Tensor) -> str:
+        """One sequence as text: keys k0.., values v0.., '|' the separator."""
+        def name(t: int) -> str:
+            if t == RECALL:
+                return "|"
+            return f"k{t - 2}" if t < 2 + self.n_keys else f"v{t - 2 - self.n_keys}"
+        return " ".join(name(int(t)) for t in idx)
 
 
 def _logits(model, idx: torch.Tensor) -> torch.Tensor:

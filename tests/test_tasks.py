@@ -64,3 +64,26 @@ def test_training_lowers_the_loss_and_accuracy_counts_only_answers():
     assert torch.isfinite(task_loss(model, idx, targets))
     with pytest.raises(ValueError, match="logits"):
         task_loss(lambda i: i.float(), idx, targets)
+
+
+def test_associative_recall_answers_each_query_with_its_stored_value():
+    from lib.tasks import AssociativeRecall
+
+    task = AssociativeRecall(n_pairs=6, n_queries=3, n_keys=10, n_values=7)
+    idx, targets = task(128, torch.Generator().manual_seed(0))
+    assert idx.shape == targets.shape == (128, task.seq_len) == (128, 16)
+    P = task.n_pairs
+    for row, tgt in zip(idx, targets):
+        keys, values = row[0:2 * P:2], row[1:2 * P:2]
+        assert len(set(keys.tolist())) == P and ((keys >= 2) & (keys < 12)).all()
+        assert ((values >= 12) & (values < task.vocab_size)).all() and row[2 * P] == RECALL
+        store = dict(zip(keys.tolist(), values.tolist()))
+        queries = row[2 * P + 1:].tolist()
+        assert len(set(queries)) == len(queries) and all(q in store for q in queries)
+        assert tgt[2 * P + 1:].tolist() == [store[q] for q in queries]
+        assert (tgt[:2 * P + 1] == IGNORE).all()
+    assert "| k" in task.describe(idx[0])
+    with pytest.raises(ValueError, match="n_queries must be <= n_pairs"):
+        AssociativeRecall(n_pairs=2, n_queries=3)
+    with pytest.raises(ValueError, match="n_pairs must be <= n_keys"):
+        AssociativeRecall(n_pairs=9, n_keys=8)
