@@ -10,7 +10,8 @@ states and step sizes of each run, and passes them here:
                                                       # `recompute(text) -> (tokens, runs)`, a text box)
 
 Colours: one diverging scale per figure, symmetric about 0 and fixed across frames, so a state
-that fades is seen to fade; every cell's value is in its hover text, never colour alone.
+that fades is seen to fade; it spans the 98th percentile of |h| (rarer, larger entries saturate);
+every cell's value is in its hover text, never colour alone.
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: 
         raise ValueError(f"step must be an int in [0, {L - 1}], got {step!r}")
     t = int(t)
     names = list(runs)
-    zmax = max(float(np.abs(h).max()) for h, _ in runs.values()) or 1.0
+    # one scale for every frame and run, set by the 98th percentile of |h|: a few large entries would
+    # otherwise wash every other cell out to the middle colour (they saturate; hover gives the value)
+    zmax = float(np.percentile(np.abs(np.concatenate([h.ravel() for h, _ in runs.values()])), 98)) or 1.0
     dmax = max(float(d.max()) for _, d in runs.values()) or 1.0
-    fig = make_subplots(rows=2, cols=len(names), row_heights=[0.68, 0.32], vertical_spacing=0.12,
+    fig = make_subplots(rows=2, cols=len(names), row_heights=[0.68, 0.32], vertical_spacing=0.2,
                         horizontal_spacing=0.08,
                         subplot_titles=[f"{n}: state h_t" for n in names] + [f"{n}: step size Δ_t" for n in names])
     for col, (name, (h, delta)) in enumerate(runs.items(), start=1):
@@ -121,8 +124,9 @@ def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: 
                           "args": [[str(j + 1)], {"mode": "immediate", "frame": {"duration": 0, "redraw": True}}]})
         fig.frames = frames
         fig.update_layout(
-            sliders=[{"active": t, "steps": steps, "currentvalue": {"prefix": "token: "}, "pad": {"t": 50}}],
-            updatemenus=[{"type": "buttons", "showactive": False, "x": 0, "y": -0.2, "xanchor": "left",
+            sliders=[{"active": t, "steps": steps, "currentvalue": {"prefix": "token: "}, "pad": {"t": 50},
+                      "x": 0.1, "len": 0.9}],
+            updatemenus=[{"type": "buttons", "showactive": False, "x": 0.09, "y": -0.13, "xanchor": "right",
                           "buttons": [{"label": "▶ play", "method": "animate",
                                        "args": [None, {"frame": {"duration": 300, "redraw": True},
                                                        "fromcurrent": False}]}]}],
