@@ -23,18 +23,11 @@ from pathlib import Path
 import torch
 
 from lib.gpt import GPT, GPTConfig, generate
+from lib.bench import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:

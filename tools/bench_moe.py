@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from lib.moe import MoE
+from lib.bench import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {
@@ -39,14 +40,6 @@ SETTINGS = {
 }
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def time_setting(s: dict, repeats: int, device: torch.device) -> dict:

@@ -29,19 +29,12 @@ import torch
 import torch.nn.functional as F
 
 from lib.ssm import default_chunk_size, selective_scan, selective_scan_ref
+from lib.bench import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = (2, 64, 16)  # batch, D channels, N state entries
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def make_inputs(batch: int, L: int, D: int, N: int, device, seed: int = 0):

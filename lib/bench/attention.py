@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from lib.attention import attention
+from lib.bench import cpu_name
 
 GPU_SEQ = (512, 2048, 4096, 8192)
 CPU_SEQ = (256, 512, 1024)
@@ -104,13 +105,7 @@ def roofline_ms(flops: float, bytes_moved: float, peak_flops: float, bandwidth: 
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "CPU"
+    return cpu_name()
 
 
 def _run_stack(fn, qkv, backward: bool):
