@@ -283,8 +283,8 @@ class GPT(nn.Module):
         if caches is not None:
             if len(caches) != self.config.n_layer:
                 raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
-            if caches[0].k.shape[0] != B:
-                raise ValueError(f"caches were built for batch size {caches[0].k.shape[0]}, idx has batch size {B}")
+            if caches[0].batch_size != B:
+                raise ValueError(f"caches were built for batch size {caches[0].batch_size}, idx has batch size {B}")
         if start and caches is None:
             raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
         mask = None

@@ -80,6 +80,10 @@ class KVCache(nn.Module):
     def max_len(self) -> int:
         return self.k.shape[2]
 
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[0]
+
     def reset(self) -> None:
         self.length = 0  # stale values past `length` are never read, so no need to zero them
 

@@ -53,7 +53,7 @@ from lib.gpt import _check_targets
 from lib.kv_cache import bytes_per_element
 from lib.sampling import _check_knobs, sample_next_token
 
-__all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "SCANS", "SelectiveSSM",
+__all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "MixerCache", "SCANS", "SelectiveSSM",
            "default_chunk_size", "discretize", "generate", "lti_kernel", "parallel_scan_ref", "scan_combine",
            "selective_scan", "selective_scan_ref", "ssm_convolution", "state_bytes", "trace_states"]
 
@@ -511,11 +511,17 @@ class MambaMixer(nn.Module):
         self.out_proj = nn.Linear(E, C, bias=config.bias)
 
     def forward(self, x: torch.Tensor, *, cache=None, start: int = 0, rope=None, mask=None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C), from a zero state."""
-        if cache is not None or mask is not None:
-            raise ValueError("a Mamba mixer takes no KV cache and no padding mask (cache and mask must be None): "
-                             "it carries a recurrent state instead, see MambaLM.prefill and MambaLM.step")
-        return self.forward_with_state(x)[0]
+        """x (B, T, C) -> (B, T, C): from a zero state, or, with `cache` a `MixerCache` (as
+        `lib.hybrid.HybridGPT.new_caches` makes), from the state it holds, which is then advanced."""
+        if mask is not None:
+            raise ValueError("a Mamba mixer takes no padding mask (mask must be None): a padding token would enter "
+                             "its state; run unpadded sequences")
+        if cache is None:
+            return self.forward_with_state(x)[0]
+        if not isinstance(cache, MixerCache):
+            raise ValueError(f"a Mamba mixer carries a recurrent state, not a KV cache: cache must be a "
+                             f"lib.ssm.MixerCache or None, got {type(cache).__name__}")
+        return cache.advance(self, x, start)
 
     def forward_with_state(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None):
         """x (B, T, C), state (conv (B, E, K−1), ssm (B, E, N)) or None (zeros) -> y (B, T, C) and
@@ -544,6 +550,45 @@ class MambaMixer(nn.Module):
         y, h = self.ssm.step(F.silu(xs), h)  # (B, E), (B, E, N)
         y = y * F.silu(z)
         return self.out_proj(y), (window[..., 1:], h)  # the window drops its oldest input
+
+
+class MixerCache:
+    """One Mamba mixer's recurrent state while decoding, in the slot where an attention layer keeps
+    its `KVCache`: conv (B, E, K−1) and ssm (B, E, N), plus `length`, the positions read so far.
+    Its size does not depend on `length` (a KV cache grows by one entry per position)."""
+
+    def __init__(self, batch_size: int, d_inner: int, d_conv: int, d_state: int, *,
+                 dtype: torch.dtype = torch.float32, device=None):
+        for name, value in (("batch_size", batch_size), ("d_inner", d_inner), ("d_conv", d_conv), ("d_state", d_state)):
+            require_int(name, value, minimum=1)
+        self.conv = torch.zeros(batch_size, d_inner, d_conv - 1, dtype=dtype, device=device)
+        self.ssm = torch.zeros(batch_size, d_inner, d_state, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.ssm.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+
+    def advance(self, mixer: "MambaMixer", x: torch.Tensor, start: int) -> torch.Tensor:
+        """Run `mixer` on x (B, T, C) at positions start..start+T−1 from the held state; keep the new state."""
+        require_int("start", start, minimum=0)
+        if start != self.length:
+            raise ValueError(f"start must equal the positions already read ({self.length}): a recurrent state "
+                             f"cannot skip or rewind positions, got {start}")
+        if x.shape[0] != self.batch_size:
+            raise ValueError(f"the cache was built for batch size {self.batch_size}, x has batch size {x.shape[0]}")
+        y, (conv, ssm) = mixer.forward_with_state(x, (self.conv, self.ssm))
+        self.conv, self.ssm = conv.to(self.conv.dtype), ssm.to(self.ssm.dtype)
+        self.length += x.shape[1]
+        return y
+
+    def __repr__(self) -> str:
+        B, E, N = self.ssm.shape
+        return f"MixerCache(B={B}, E={E}, K-1={self.conv.shape[-1]}, N={N}, length={self.length}, {self.nbytes} bytes)"
 
 
 class MambaBlock(nn.Module):

@@ -392,8 +392,10 @@ def test_other_bad_inputs_are_refused():
         model.step(torch.zeros(2, 1, dtype=torch.long), model.new_state(2))
     with pytest.raises(ValueError, match="must lie in"):
         model(torch.full((1, 4), 64))
-    with pytest.raises(ValueError, match="no KV cache"):
+    with pytest.raises(ValueError, match="no padding mask"):
         model.layers[0].mixer(torch.zeros(1, 3, 32), mask=torch.zeros(1, 1, 1, 3))
+    with pytest.raises(ValueError, match="not a KV cache: cache must be a lib.ssm.MixerCache"):
+        model.layers[0].mixer(torch.zeros(1, 3, 32), cache=object())
     with pytest.raises(TypeError, match="model_or_config must be a MambaLM or a MambaConfig"):
         state_bytes(GPTConfig.tiny(), 1)
     assert isinstance(model.new_state(1), MambaState)

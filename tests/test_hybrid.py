@@ -1,0 +1,104 @@
+"""lib.hybrid: a GPT with Mamba-mixer layers decodes with mixed caches exactly as it recomputes,
+and decode_state_bytes is the bytes the caches really allocate."""
+
+import pytest
+import torch
+
+from lib.gpt import GPT, GPTConfig, generate
+from lib.hybrid import HybridGPT, decode_state_bytes
+from lib.kv_cache import KVCache
+from lib.moe import moe_gpt
+from lib.ssm import MambaConfig, MambaLM, MixerCache
+
+
+def tiny_hybrid(pattern="MAM", positions="rope", seed=0):
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=20, block_size=48, n_layer=len(pattern), n_head=4, n_embd=32, positions=positions)
+    return HybridGPT(config, pattern, MambaConfig(vocab_size=20, d_model=32, n_layers=1, d_state=8)).eval()
+
+
+def held_bytes(caches) -> int:
+    return sum(c.k.numel() * c.k.element_size() * 2 if isinstance(c, KVCache) else c.nbytes for c in caches)
+
+
+@pytest.mark.parametrize("pattern", ["MAM", "AM", "MMMA", "M", "A"])
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_cached_decoding_equals_recomputing(pattern, positions):
+    model = tiny_hybrid(pattern, positions)
+    idx = torch.randint(0, 20, (3, 1 if pattern == "M" else 7))  # T = 1 too: the prompt alone is one token
+    cached = generate(model, idx, 12, temperature=0, use_cache=True)
+    full = generate(model, idx, 12, temperature=0, use_cache=False)
+    assert torch.equal(cached, full)
+    # and the logits themselves, position by position, not only the argmax
+    caches = model.new_caches(3, idx.shape[1] + 4)
+    seq = torch.randint(0, 20, (3, idx.shape[1] + 4))
+    logits = [model(seq[:, :idx.shape[1]], caches=caches)]
+    for t in range(idx.shape[1], seq.shape[1]):
+        logits.append(model(seq[:, t:t + 1], caches=caches, start=t))
+    # fp32, the same arithmetic in a different grouping (chunked scan vs one step): ~1e-6 measured
+    torch.testing.assert_close(torch.cat(logits, 1), model(seq), atol=1e-5, rtol=1e-5)
+
+
+def test_mixer_layers_keep_mamba_init_and_only_the_pattern_decides_the_layers():
+    model = tiny_hybrid("MAM")
+    kinds = [type(b.attn).__name__ for b in model.transformer.h]
+    assert kinds == ["MambaMixer", "CausalSelfAttention", "MambaMixer"]
+    dt_bias = model.transformer.h[0].attn.ssm.dt_proj.bias
+    delta0 = torch.nn.functional.softplus(dt_bias.detach())  # Mamba's init: Δ log-uniform in [dt_min, dt_max]
+    assert float(delta0.min()) >= 1e-3 * 0.99 and float(delta0.max()) <= 1e-1 * 1.01
+    assert "pattern='MAM'" in repr(model)
+
+
+@pytest.mark.parametrize("batch,seq_len", [(1, 1), (2, 17), (3, 40)])
+def test_decode_state_bytes_is_what_the_caches_allocate(batch, seq_len):
+    hybrid = tiny_hybrid("MAM")
+    gpt = GPT(GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32))
+    moe = moe_gpt(GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32), num_experts=4, top_k=2)
+    mamba = MambaLM(MambaConfig(vocab_size=20, d_model=32, n_layers=3, d_state=8))
+    for model in (hybrid, gpt, moe):
+        caches = model.new_caches(batch, seq_len)
+        assert decode_state_bytes(model, batch, seq_len) == held_bytes(caches)
+    assert decode_state_bytes(mamba, batch, seq_len) == mamba.new_state(batch).nbytes
+    # the Mamba state does not grow with the context; the attention layers' caches do, linearly
+    assert decode_state_bytes(mamba, batch, 1) == decode_state_bytes(mamba, batch, 40)
+    grow = [decode_state_bytes(hybrid, batch, s) for s in (10, 20, 30)]
+    assert grow[1] - grow[0] == grow[2] - grow[1] > 0
+    assert decode_state_bytes(hybrid, batch, 40, "fp16") * 2 == decode_state_bytes(hybrid, batch, 40, torch.float32)
+
+
+def test_mixer_cache_advances_and_refuses_gaps():
+    model = tiny_hybrid("MA")
+    caches = model.new_caches(2, 10)
+    assert isinstance(caches[0], MixerCache) and isinstance(caches[1], KVCache)
+    nbytes = caches[0].nbytes
+    model(torch.randint(0, 20, (2, 4)), caches=caches)
+    assert caches[0].length == 4 and caches[0].nbytes == nbytes
+    with pytest.raises(ValueError, match="cannot skip or rewind positions"):
+        model(torch.randint(0, 20, (2, 1)), caches=caches, start=6)
+    with pytest.raises(ValueError, match="caches were built for batch size 2"):
+        model(torch.randint(0, 20, (3, 1)), caches=caches, start=4)
+
+
+def test_bad_arguments_are_refused_with_the_reason():
+    config = GPTConfig(vocab_size=20, block_size=16, n_layer=3, n_head=4, n_embd=32)
+    with pytest.raises(ValueError, match="pattern must be a non-empty string"):
+        HybridGPT(config, "MXA")
+    with pytest.raises(ValueError, match="pattern has 2 layers but config.n_layer = 3"):
+        HybridGPT(config, "MA")
+    with pytest.raises(ValueError, match=r"mamba.d_model \(16\) must equal config.n_embd \(32\)"):
+        HybridGPT(config, "MAM", MambaConfig(vocab_size=20, d_model=16, n_layers=1))
+    with pytest.raises(TypeError, match="config must be a lib.gpt.GPTConfig"):
+        HybridGPT({"n_layer": 3}, "MAM")
+    model = tiny_hybrid("MA")
+    with pytest.raises(ValueError, match="takes no padding"):
+        model(torch.randint(0, 20, (2, 4)), attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    ones = model(torch.randint(0, 20, (2, 4)), attention_mask=torch.ones(2, 4, dtype=torch.long))
+    assert ones.shape == (2, 4, 20)
+    with pytest.raises(ValueError, match="max_len must be <= block_size=48"):
+        model.new_caches(1, 49)
+    with pytest.raises(TypeError, match="model must be a lib.gpt.GPT"):
+        decode_state_bytes(torch.nn.Linear(2, 2), 1, 4)
+    with pytest.raises(ValueError, match="seq_len must be >= 1"):
+        decode_state_bytes(model, 1, 0)
+    with pytest.raises(ValueError, match="dtype_name must be one of"):
+        decode_state_bytes(model, 1, 4, "fp64")
