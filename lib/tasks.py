@@ -123,12 +123,29 @@ class AssociativeRecall:
         keys = torch.rand(batch, self.n_keys, generator=generator).argsort(dim=1)[:, :P] + 2  # (B, P) distinct
         values = torch.randint(2 + self.n_keys, 2 + self.n_keys + self.n_values, (batch, P), generator=generator)
         asked = torch.rand(batch, P, generator=generator).argsort(dim=1)[:, :Q]  # (B, Q) which pairs are queried
-        idx = torch.empty(batch, self.seq_len, dtype=torch.long)
+        return self.layout(keys, values, asked)
+
+    @staticmethod
+    def layout(keys: torch.Tensor, values: torch.Tensor, asked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequence for given pairs and queries: keys, values (B, P) token ids, asked (B, Q)
+        indices into the pairs -> idx (B, 2P + 1 + Q) = k v k v ... | q q ..., and targets (B, 2P + 1 + Q)
+        holding each query's value at the query's own position, -100 elsewhere."""
+        for name, t in (("keys", keys), ("values", values), ("asked", asked)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.long or t.dim() != 2:
+                raise ValueError(f"{name} must be a 2-D torch.long tensor, got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+        if values.shape != keys.shape or asked.shape[0] != keys.shape[0]:
+            raise ValueError(f"keys and values must have one shape (B, P) and asked (B, Q), got keys "
+                             f"{tuple(keys.shape)}, values {tuple(values.shape)}, asked {tuple(asked.shape)}")
+        (batch, P), Q = keys.shape, asked.shape[1]
+        if Q and (int(asked.min()) < 0 or int(asked.max()) >= P):
+            raise ValueError(f"asked must hold pair indices in [0, {P}), got values in [{int(asked.min())}, {int(asked.max())}]")
+        idx = torch.empty(batch, 2 * P + 1 + Q, dtype=torch.long)
         idx[:, 0:2 * P:2], idx[:, 1:2 * P:2] = keys, values
         idx[:, 2 * P] = RECALL  # the separator
         idx[:, 2 * P + 1:] = keys.gather(1, asked)
         targets = torch.full_like(idx, IGNORE)
-        targets[:, 2 * P + 1:] = values.gather(1, asked)
+        targets[:, 2 * P + 1:] = values.gather(1, asked)  # answered at the query itself: the next token
         return idx, targets
 
     def describe(self, idx: torch.Tensor) -> str:

@@ -1,0 +1,362 @@
+"""One task, four architectures: the measurements behind lesson 08.
+
+    SETTINGS["default" | "full"]          the sizes, steps and grids (default: within the lesson's
+                                          3-minute budget on 2 cores; full: the larger run)
+    build_models(setting, vocab_size)     GPT, Mamba, MoE GPT and a hybrid of matched size
+    parameter_table(models)               total and per-token active parameters
+    MixedTask(tasks)                      each batch from one of several tasks (seeded)
+    train_all(models, task, ...)          the same training (lib.tasks.train_on_task) for each
+    accuracy_grid(models, tasks)          lib.tasks.task_accuracy per model and task
+    forward_flops(model, T)               FLOPs of one forward over T tokens (torch's counter,
+                                          plus the selective scan's elementwise work by formula)
+    scaling_exponent(xs, ys)              the log-log slope between the last two points
+    decode_seconds_per_token(model, S)    wall time of one cached decoding step after S tokens
+    run(setting)                          every measurement above, as a JSON-able dict
+    python -m lib.compare --setting full  the same run, written to benchmarks/compare_<setting>.json
+
+The models (d_model C = 64 unless a setting says otherwise):
+    GPT      2 attention blocks (4 heads, RoPE), each with its MLP (4C)
+    Mamba    3 Mamba blocks (d_state 16, expand 2): about the GPT's parameter count
+    MoE GPT  the GPT with each MLP replaced by E = 4 experts of width 2C, top-2: the same active
+             parameters per token as the GPT, about 1.6x its total
+    Hybrid   HybridGPT "MMA" (two Mamba-mixer blocks, one attention block, each with its MLP) at
+             width 3C/4, to match the GPT's total parameters
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from lib._checks import require_int
+from lib.gpt import GPT, CausalSelfAttention, GPTConfig
+from lib.hybrid import HybridGPT, decode_state_bytes
+from lib.moe import MoE, moe_gpt
+from lib.ssm import MambaConfig, MambaLM, SelectiveSSM
+from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
+
+__all__ = ["ARCHITECTURES", "SETTINGS", "MixedTask", "Setting", "accuracy_grid", "active_parameters", "build_models",
+           "copy_task", "decode_seconds_per_token", "expert_scaling", "forward_flops", "load_results", "parameter_table",
+           "recall_task", "run", "scaling_exponent", "train_all"]
+
+ARCHITECTURES = ("GPT", "Mamba", "MoE GPT", "Hybrid")
+DECODE_TOKENS = 16  # tokens generated per timing of a decoding step
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Everything a comparison run depends on. Tasks: multi-query associative recall (`n_keys`
+    keys, as many values; all stored pairs queried) and selective copying (`copy_data` symbols
+    among blanks)."""
+
+    name: str
+    d_model: int = 64
+    batch_size: int = 32
+    lr: float = 5e-3
+    recall_steps: int = 400
+    recall_train_pairs: tuple[int, ...] = (2, 4, 6, 8)
+    recall_eval_pairs: tuple[int, ...] = (1, 2, 4, 6, 8)
+    n_keys: int = 16
+    copy_steps: int = 300
+    copy_data: int = 4
+    copy_train_blanks: tuple[int, ...] = (8, 16, 24)
+    copy_eval_blanks: tuple[int, ...] = (8, 16, 24, 48, 96)
+    eval_batches: int = 4
+    flop_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
+    decode_contexts: tuple[int, ...] = (64, 512, 2048)
+    memory_contexts: tuple[int, ...] = (1024, 8192, 65536, 524288)
+    expert_counts: tuple[int, ...] = (4, 8, 16)
+    seed: int = 0
+
+    @property
+    def block_size(self) -> int:
+        """The attention models' context limit: every length any measurement uses."""
+        longest_copy = 2 * self.copy_data + max(self.copy_eval_blanks)
+        longest_recall = 3 * max(self.recall_eval_pairs) + 1
+        return max(longest_copy, longest_recall, *self.flop_lengths, *(s + DECODE_TOKENS for s in self.decode_contexts))
+
+
+SETTINGS = {
+    # The lesson's budget (3 minutes on 2 cores, all of it): short training, small grids.
+    "default": Setting("default", batch_size=16, recall_steps=300, copy_steps=200, eval_batches=2),
+    # The larger run: longer training, more pairs, longer copies. About 15-25 minutes on 2 cores.
+    "full": Setting("full", recall_steps=3000, recall_train_pairs=(2, 4, 6, 8, 10, 12), recall_eval_pairs=(1, 2, 4, 6, 8, 10, 12),
+                    copy_steps=1500, copy_train_blanks=(8, 16, 24, 32), copy_eval_blanks=(8, 16, 32, 64, 128, 256),
+                    eval_batches=8, decode_contexts=(64, 512, 2048, 8192)),
+}
+
+
+def _check_setting(setting) -> Setting:
+    if isinstance(setting, str):
+        if setting not in SETTINGS:
+            raise ValueError(f"setting must be a Setting or one of {sorted(SETTINGS)}, got {setting!r}")
+        return SETTINGS[setting]
+    if not isinstance(setting, Setting):
+        raise TypeError(f"setting must be a lib.compare.Setting or one of {sorted(SETTINGS)}, got {type(setting).__name__}")
+    return setting
+
+
+# --------------------------------------------------------------------------- tasks
+class MixedTask:
+    """A task whose every batch comes from one of `tasks`, chosen uniformly with the batch's
+    generator (so the sequence of choices is seeded too). Batches may differ in length."""
+
+    def __init__(self, tasks):
+        tasks = list(tasks)
+        if not tasks or not all(callable(t) for t in tasks):
+            raise ValueError("tasks must be a non-empty list of tasks (callables (batch, generator) -> (idx, targets))")
+        sizes = {getattr(t, "vocab_size", None) for t in tasks}
+        if len(sizes) != 1:
+            raise ValueError(f"the tasks must share one vocabulary, got vocab sizes {sorted(map(str, sizes))}")
+        self.tasks, self.vocab_size = tasks, sizes.pop()
+
+    def __call__(self, batch: int, generator: torch.Generator):
+        i = int(torch.randint(len(self.tasks), (1,), generator=generator))
+        return self.tasks[i](batch, generator)
+
+    def __repr__(self) -> str:
+        return f"MixedTask({len(self.tasks)} tasks: " + "; ".join(map(repr, self.tasks)) + ")"
+
+
+def recall_task(setting: Setting, n_pairs: int) -> AssociativeRecall:
+    """Multi-query associative recall with `n_pairs` stored pairs, every one of them queried."""
+    return AssociativeRecall(n_pairs=n_pairs, n_queries=n_pairs, n_keys=setting.n_keys, n_values=setting.n_keys)
+
+
+def copy_task(setting: Setting, n_blank: int) -> SelectiveCopying:
+    return SelectiveCopying(n_data=setting.copy_data, n_blank=n_blank, n_symbols=8)
+
+
+# --------------------------------------------------------------------------- models
+def build_models(setting: Setting | str, vocab_size: int) -> dict[str, torch.nn.Module]:
+    """The four models, freshly initialised (seeded by setting.seed, one seed per architecture)."""
+    s = _check_setting(setting)
+    require_int("vocab_size", vocab_size, minimum=1)
+    C = s.d_model
+    gpt_config = GPTConfig(vocab_size=vocab_size, block_size=s.block_size, n_layer=2, n_head=4, n_embd=C,
+                           positions="rope")
+    hybrid_C = 3 * C // 4 // 4 * 4  # divisible by the 4 heads
+    makers: dict[str, Callable[[], torch.nn.Module]] = {
+        "GPT": lambda: GPT(gpt_config),
+        "Mamba": lambda: MambaLM(MambaConfig(vocab_size=vocab_size, d_model=C, n_layers=3, d_state=16)),
+        "MoE GPT": lambda: moe_gpt(gpt_config, num_experts=4, top_k=2, d_ff=2 * C),
+        "Hybrid": lambda: HybridGPT(
+            GPTConfig(vocab_size=vocab_size, block_size=s.block_size, n_layer=3, n_head=4, n_embd=hybrid_C,
+                      positions="rope"),
+            "MMA", MambaConfig(vocab_size=vocab_size, d_model=hybrid_C, n_layers=2, d_state=16)),
+    }
+    models = {}
+    for i, (name, make) in enumerate(makers.items()):
+        torch.manual_seed(s.seed + i)
+        models[name] = make()
+    return models
+
+
+def active_parameters(model: torch.nn.Module) -> int:
+    """Parameters one token passes through: all of them, except the experts its router skips
+    (an MoE layer of E experts, top-K, uses K of them)."""
+    total = sum(p.numel() for p in model.parameters())
+    for m in model.modules():
+        if isinstance(m, MoE):
+            per_expert = sum(p.numel() for p in m.parameters()) - sum(p.numel() for p in m.router.parameters())
+            per_expert //= m.num_experts
+            total -= (m.num_experts - m.top_k) * per_expert
+    return total
+
+
+def parameter_table(models: dict[str, torch.nn.Module]) -> list[dict]:
+    """[{model, total, active}] with the tied head counted once."""
+    return [dict(model=name, total=sum(p.numel() for p in m.parameters()), active=active_parameters(m))
+            for name, m in models.items()]
+
+
+# --------------------------------------------------------------------------- training and accuracy
+def train_all(models: dict[str, torch.nn.Module], task, *, steps: int, batch_size: int, lr: float, seed: int = 0,
+              on_step: Callable[[str, int, float], None] | None = None) -> dict[str, list[float]]:
+    """`lib.tasks.train_on_task` for each model on the same batches (same seed): the losses per model."""
+    losses = {}
+    for name, model in models.items():
+        hook = None if on_step is None else (lambda step, loss, name=name: on_step(name, step, loss))
+        losses[name] = train_on_task(model, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed, on_step=hook)
+    return losses
+
+
+def accuracy_grid(models: dict[str, torch.nn.Module], tasks: dict, *, batches: int = 4, batch_size: int = 64) -> dict:
+    """{model: {task key: accuracy}} with `lib.tasks.task_accuracy` (held-out seed)."""
+    return {name: {key: task_accuracy(m, t, batches=batches, batch_size=batch_size) for key, t in tasks.items()}
+            for name, m in models.items()}
+
+
+# --------------------------------------------------------------------------- cost
+def forward_flops(model: torch.nn.Module, T: int, batch: int = 1) -> int:
+    """FLOPs (2 per multiply-add) of one forward over `batch` sequences of T tokens.
+
+    torch.utils.flop_counter counts the matrix products and convolutions. Two parts it does not
+    see on a CPU are added by formula: attention's score and mix products, 4·B·T²·C per attention
+    layer using SDPA (the causal T x T square in full, as the kernels compute it; the counter has no
+    rule for the CPU SDPA kernel, and whatever SDPA FLOPs it does count are replaced; the "naive",
+    "buffer" and "chunked" backends are plain matrix products, which it counts), and the selective
+    scan's elementwise work, the SSM's main cost: each position updates E x N state entries
+    (h = exp(Δ·A) ⊙ h + Δ·B·x and the readout C·h, about 4 multiply-adds each), 8·B·T·E·N per layer.
+    """
+    require_int("T", T, minimum=1)
+    require_int("batch", batch, minimum=1)
+    _vocab_size(model)  # a course model, or a clear error
+    idx = torch.zeros(batch, T, dtype=torch.long)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(idx)
+    counted = counter.get_flop_counts().get("Global", {})
+    sdpa = sum(n for op, n in counted.items() if "scaled_dot_product" in str(op))
+    attention = sum(4 * batch * T * T * m.n_head * m.head_dim for m in model.modules()
+                    if isinstance(m, CausalSelfAttention) and m.backend in ("auto", "sdpa"))  # others: plain matmuls, counted
+    scan = sum(8 * batch * T * m.A_log.shape[0] * m.A_log.shape[1] for m in model.modules() if isinstance(m, SelectiveSSM))
+    return int(counter.get_total_flops()) - sdpa + attention + scan
+
+
+def _vocab_size(model) -> int:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "vocab_size"):
+        raise TypeError(f"model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.ssm.MambaLM, got {type(model).__name__}")
+    return config.vocab_size
+
+
+def scaling_exponent(xs, ys) -> float:
+    """The slope of log y against log x between the last two points: 1 for linear growth, 2 for
+    quadratic. Needs two points with positive, distinct x and positive y."""
+    xs, ys = list(xs), list(ys)
+    if len(xs) < 2 or len(xs) != len(ys):
+        raise ValueError(f"xs and ys must have the same length >= 2, got {len(xs)} and {len(ys)}")
+    (x0, x1), (y0, y1) = xs[-2:], ys[-2:]
+    if min(x0, x1, y0, y1) <= 0 or x0 == x1:
+        raise ValueError(f"the last two points must have positive, distinct x and positive y, got {xs[-2:]}, {ys[-2:]}")
+    return math.log(y1 / y0) / math.log(x1 / x0)
+
+
+@torch.no_grad()
+def decode_seconds_per_token(model: torch.nn.Module, context: int, *, new_tokens: int = DECODE_TOKENS,
+                             repeats: int = 3) -> float:
+    """Median wall time of one decoding step (batch 1, after a prefill of `context` tokens),
+    with the model's own cache: KV caches for attention layers, the recurrent state for Mamba."""
+    require_int("context", context, minimum=1)
+    require_int("new_tokens", new_tokens, minimum=1)
+    require_int("repeats", repeats, minimum=1)
+    vocab = _vocab_size(model)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(vocab, (1, context), generator=g)
+    was_training = model.training
+    model.eval()
+    times = []
+    for _ in range(repeats):
+        if isinstance(model, MambaLM):
+            logits, state = model.prefill(prompt)
+            start = time.perf_counter()
+            for _ in range(new_tokens):
+                logits, state = model.step(logits[:, -1].argmax(-1) if logits.dim() == 3 else logits.argmax(-1), state)
+            times.append((time.perf_counter() - start) / new_tokens)
+        else:
+            caches = model.new_caches(1, context + new_tokens)
+            logits = model(prompt, caches=caches)
+            start = time.perf_counter()
+            for t in range(new_tokens):
+                logits = model(logits[:, -1:].argmax(-1), caches=caches, start=context + t)
+            times.append((time.perf_counter() - start) / new_tokens)
+    model.train(was_training)
+    return sorted(times)[len(times) // 2]
+
+
+def expert_scaling(setting: Setting | str, vocab_size: int, T: int = 256) -> list[dict]:
+    """The MoE GPT at each E in setting.expert_counts (top-2, experts of width 2C): total
+    parameters grow with E, the FLOPs of a forward over T tokens do not."""
+    s = _check_setting(setting)
+    C = s.d_model
+    config = GPTConfig(vocab_size=vocab_size, block_size=max(T, 8), n_layer=2, n_head=4, n_embd=C, positions="rope")
+    rows = []
+    for E in s.expert_counts:
+        torch.manual_seed(s.seed)
+        m = moe_gpt(config, num_experts=E, top_k=2, d_ff=2 * C)
+        rows.append(dict(experts=E, total=sum(p.numel() for p in m.parameters()), active=active_parameters(m),
+                         flops=forward_flops(m, T)))
+    return rows
+
+
+# --------------------------------------------------------------------------- the whole run
+def run(setting: Setting | str = "default", *, on_step: Callable[[str, str, int, float], None] | None = None,
+        timing: bool = True) -> dict:
+    """Train the four models on both tasks and measure everything lesson 08 reports. JSON-able."""
+    s = _check_setting(setting)
+    out: dict = dict(setting=asdict(s), architectures=list(ARCHITECTURES))
+    # associative recall
+    recall = MixedTask([recall_task(s, p) for p in s.recall_train_pairs])
+    models = build_models(s, recall.vocab_size)
+    out["parameters"] = parameter_table(models)
+    hook = None if on_step is None else (lambda name, step, loss: on_step("recall", name, step, loss))
+    out["recall_loss"] = train_all(models, recall, steps=s.recall_steps, batch_size=s.batch_size, lr=s.lr,
+                                   seed=s.seed, on_step=hook)
+    grid = accuracy_grid(models, {p: recall_task(s, p) for p in s.recall_eval_pairs}, batches=s.eval_batches)
+    out["recall_accuracy"] = {name: {str(p): a for p, a in row.items()} for name, row in grid.items()}
+    out["recall_models"] = models
+    # selective copying
+    copying = MixedTask([copy_task(s, b) for b in s.copy_train_blanks])
+    copy_models = build_models(s, copying.vocab_size)
+    hook = None if on_step is None else (lambda name, step, loss: on_step("copy", name, step, loss))
+    out["copy_loss"] = train_all(copy_models, copying, steps=s.copy_steps, batch_size=s.batch_size, lr=s.lr,
+                                 seed=s.seed, on_step=hook)
+    grid = accuracy_grid(copy_models, {b: copy_task(s, b) for b in s.copy_eval_blanks}, batches=s.eval_batches)
+    out["copy_accuracy"] = {name: {str(copy_task(s, b).seq_len): a for b, a in row.items()} for name, row in grid.items()}
+    # cost: FLOPs, memory, time
+    out["flops"] = {name: [forward_flops(m, T) for T in s.flop_lengths] for name, m in models.items()}
+    out["state_bytes"] = {name: [decode_state_bytes(m, 1, S) for S in s.memory_contexts] for name, m in models.items()}
+    out["experts"] = expert_scaling(s, recall.vocab_size)
+    if timing:
+        out["seconds_per_token"] = {name: [decode_seconds_per_token(m, S) for S in s.decode_contexts]
+                                    for name, m in models.items()}
+    return out
+
+
+def load_results(setting: str = "full", root: Path | None = None) -> dict | None:
+    """The committed results of `python -m lib.compare --setting <setting>`, or None if absent."""
+    _check_setting(setting)
+    root = root or Path(__file__).resolve().parent.parent
+    path = root / "benchmarks" / f"compare_{setting}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _machine() -> dict:
+    from lib.bench import cpu_name
+    return dict(cpu=cpu_name(), threads=torch.get_num_threads(), torch=torch.__version__, python=platform.python_version(),
+                load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
+
+
+def main(argv=None) -> Path:
+    parser = argparse.ArgumentParser(description="Lesson 08's comparison run, written to benchmarks/compare_<setting>.json")
+    parser.add_argument("--setting", default="full", choices=sorted(SETTINGS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-timing", action="store_true", help="skip the decoding-time measurement (machine-dependent)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    result = run(args.setting, timing=not args.no_timing)
+    result.pop("recall_models")
+    result["command"] = (f"python -m lib.compare --setting {args.setting} --threads {args.threads}"
+                         + (" --no-timing" if args.no_timing else ""))
+    result["machine"] = _machine()
+    result["wall_seconds"] = round(time.perf_counter() - start, 1)
+    out = args.out or Path(__file__).resolve().parent.parent / "benchmarks" / f"compare_{args.setting}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out} in {result['wall_seconds']} s")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""lib.compare: the four matched models, the FLOP counter, and a whole (tiny) comparison run."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import lib.compare as compare
+from lib.compare import (ARCHITECTURES, SETTINGS, MixedTask, active_parameters, build_models, expert_scaling,
+                         forward_flops, parameter_table, scaling_exponent)
+from lib.gpt import GPT, GPTConfig
+from lib.gpt import forward_flops as gpt_formula
+from lib.tasks import AssociativeRecall, SelectiveCopying
+
+TINY = dataclasses.replace(SETTINGS["default"], name="tiny", d_model=32, recall_steps=3, copy_steps=2,
+                           recall_train_pairs=(1, 2), recall_eval_pairs=(1, 3), copy_train_blanks=(2,),
+                           copy_eval_blanks=(2, 6), eval_batches=1, flop_lengths=(8, 16), decode_contexts=(4,),
+                           memory_contexts=(8, 64), expert_counts=(2, 4), batch_size=4)
+
+
+def test_the_four_models_are_matched_in_size_and_the_moe_in_active_parameters():
+    models = build_models("default", 34)
+    assert tuple(models) == ARCHITECTURES
+    table = {row["model"]: row for row in parameter_table(models)}
+    dense = [table[n]["total"] for n in ("GPT", "Mamba", "Hybrid")]
+    assert max(dense) / min(dense) < 1.1
+    assert table["MoE GPT"]["total"] > 1.5 * table["GPT"]["total"]
+    assert abs(table["MoE GPT"]["active"] / table["GPT"]["active"] - 1) < 0.01
+    assert all(table[n]["active"] == table[n]["total"] for n in ("GPT", "Mamba", "Hybrid"))
+    assert models["Hybrid"].pattern == "MMA"
+    # seeded: building again gives the same weights
+    again = build_models("default", 34)
+    assert all(torch.equal(a, b) for a, b in zip(models["Mamba"].parameters(), again["Mamba"].parameters()))
+
+
+def test_active_parameters_count_k_of_e_experts():
+    from lib.moe import moe_gpt
+    config = GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    m = moe_gpt(config, num_experts=4, top_k=1, d_ff=16)
+    expert = 2 * 8 * 16
+    assert sum(p.numel() for p in m.parameters()) - active_parameters(m) == 3 * expert
+
+
+def test_flop_count_equals_the_gpt_formula_and_is_linear_for_mamba():
+    models = build_models(TINY, 12)
+    gpt = models["GPT"]
+    for T in (1, 7, 16):
+        assert forward_flops(gpt, T) == gpt_formula(gpt.config, T)
+    for name in ("Mamba",):
+        f = [forward_flops(models[name], T) for T in (8, 16, 32)]
+        assert f[1] == 2 * f[0] and f[2] == 2 * f[1]  # every term is linear in T
+    assert scaling_exponent((8, 16), [forward_flops(models["Mamba"], T) for T in (8, 16)]) == pytest.approx(1.0)
+    with pytest.raises(TypeError, match="model must be a lib.gpt.GPT"):
+        forward_flops(torch.nn.Linear(2, 2), 4)
+
+
+def test_scaling_exponent_reads_the_power():
+    xs = [10, 100, 1000]
+    assert scaling_exponent(xs, [x ** 2 for x in xs]) == pytest.approx(2.0)
+    assert scaling_exponent(xs, [3 * x + 0 for x in xs]) == pytest.approx(1.0)
+    assert scaling_exponent(xs, [5, 5, 5]) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="same length >= 2"):
+        scaling_exponent([1], [1])
+    with pytest.raises(ValueError, match="positive, distinct x"):
+        scaling_exponent([4, 4], [1, 2])
+
+
+def test_expert_flops_grow_only_by_the_router():
+    rows = expert_scaling(TINY, 12, T=16)
+    (a, b) = rows
+    C, layers = TINY.d_model, 2
+    assert b["flops"] - a["flops"] == 2 * 16 * C * (b["experts"] - a["experts"]) * layers  # the router's C·E column
+    assert b["total"] > a["total"] and b["active"] - a["active"] == C * (b["experts"] - a["experts"]) * layers
+
+
+def test_mixed_task_is_seeded_and_checks_its_parts():
+    mix = MixedTask([AssociativeRecall(2, 2, 4, 4), AssociativeRecall(3, 3, 4, 4)])
+    shapes = [mix(2, g)[0].shape[1] for g in [torch.Generator().manual_seed(0)] for _ in range(20)]
+    assert set(shapes) == {7, 10}
+    again = [mix(2, g)[0].shape[1] for g in [torch.Generator().manual_seed(0)] for _ in range(20)]
+    assert shapes == again
+    with pytest.raises(ValueError, match="share one vocabulary"):
+        MixedTask([AssociativeRecall(2, 2, 8, 8), SelectiveCopying()])
+    with pytest.raises(ValueError, match="non-empty list"):
+        MixedTask([])
+
+
+def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
+    out = compare.run(TINY)
+    assert set(out["recall_accuracy"]) == set(ARCHITECTURES)
+    assert all(0.0 <= a <= 1.0 for row in out["recall_accuracy"].values() for a in row.values())
+    assert list(out["copy_accuracy"]["GPT"]) == [str(2 * TINY.copy_data + b) for b in TINY.copy_eval_blanks]
+    assert len(out["recall_loss"]["Mamba"]) == TINY.recall_steps
+    assert out["state_bytes"]["Mamba"][0] == out["state_bytes"]["Mamba"][1]  # constant in the context
+    assert out["state_bytes"]["GPT"][1] == 8 * out["state_bytes"]["GPT"][0]  # linear: 8 -> 64 positions
+    assert all(s > 0 for row in out["seconds_per_token"].values() for s in row)
+    monkeypatch.setitem(compare.SETTINGS, "tiny", TINY)
+    path = compare.main(["--setting", "tiny", "--threads", "1", "--no-timing", "--out", str(tmp_path / "r.json")])
+    saved = json.loads(path.read_text())
+    assert saved["command"] == "python -m lib.compare --setting tiny --threads 1 --no-timing"
+    assert "seconds_per_token" not in saved and saved["recall_accuracy"].keys() == out["recall_accuracy"].keys()
+    assert compare.load_results("full", root=tmp_path) is None
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="setting must be a Setting or one of"):
+        build_models("huge", 10)
+    with pytest.raises(TypeError, match="setting must be a lib.compare.Setting"):
+        build_models(3, 10)
+    with pytest.raises(ValueError, match="vocab_size must be >= 1"):
+        build_models("default", 0)
+    with pytest.raises(ValueError, match="context must be >= 1"):
+        compare.decode_seconds_per_token(GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=4)), 0)

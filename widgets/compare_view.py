@@ -1,0 +1,82 @@
+"""Lesson 08's results explorer: one measurement of the four architectures at a time.
+
+    compare_figure(results, metric)   the static face: a plain plotly figure of one metric
+    CompareView(results)              the live face: a metric menu above the same figure
+
+`results` maps a metric name (a key of METRICS) to {architecture: (xs, ys)}, numbers measured by
+lib.compare in the lesson. No model code here. Each architecture keeps one colour and one marker
+symbol in every view, so the lines are told apart without colour too.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from widgets._render import OKABE_ITO, live_mimebundle, redraw
+
+__all__ = ["METRICS", "CompareView", "compare_figure"]
+
+# metric: (title, x axis, y axis, x log?, y log?)
+METRICS = {
+    "recall": ("Associative recall: accuracy against the number of stored pairs", "key-value pairs P",
+               "answer accuracy", False, False),
+    "copy": ("Selective copying: accuracy against sequence length", "sequence length T (tokens)", "answer accuracy",
+             True, False),
+    "flops": ("Forward FLOPs against sequence length", "sequence length T (tokens)", "FLOPs per forward", True, True),
+    "memory": ("Decoding state against context length (fp32, batch 1)", "context length S (tokens)", "bytes", True, True),
+}
+SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross"]
+
+
+def _check(results, metric: str):
+    if not isinstance(results, dict) or not results:
+        raise ValueError(f"results must be a non-empty dict {{metric: {{architecture: (xs, ys)}}}}, got {type(results).__name__}")
+    unknown = [m for m in results if m not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metrics {unknown}: results keys must be among {list(METRICS)}")
+    if metric not in results:
+        raise ValueError(f"metric must be one of the measured {list(results)}, got {metric!r}")
+    for name, series in results[metric].items():
+        xs, ys = series
+        if len(xs) != len(ys) or not xs:
+            raise ValueError(f"results[{metric!r}][{name!r}] must be (xs, ys) of one non-zero length, got {len(xs)} and {len(ys)}")
+
+
+def compare_figure(results: dict, metric: str = "recall") -> go.Figure:
+    """One metric, one line per architecture (values rounded to 4 significant digits)."""
+    _check(results, metric)
+    title, x_title, y_title, x_log, y_log = METRICS[metric]
+    fig = go.Figure()
+    for i, (name, (xs, ys)) in enumerate(results[metric].items()):
+        fig.add_scatter(x=list(xs), y=[float(f"{y:.4g}") for y in ys], name=name, mode="lines+markers",
+                        line=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
+                        marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=9))
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=420,
+                      xaxis_type="log" if x_log else "linear", yaxis_type="log" if y_log else "linear",
+                      legend_title_text="architecture")
+    if not y_log:
+        fig.update_yaxes(range=[0, 1.02])
+    return fig
+
+
+class CompareView:
+    """Live face: a menu of the measured metrics above the figure, redrawn in place."""
+
+    def __init__(self, results: dict, metric: str | None = None):
+        import ipywidgets as W
+
+        if metric is None and isinstance(results, dict) and results:
+            metric = next(iter(results))  # the first measured metric
+        _check(results, metric)
+        self.results = results
+        self.menu = W.Dropdown(options=[(METRICS[m][0], m) for m in results], value=metric, description="measurement",
+                               style={"description_width": "initial"}, layout=W.Layout(width="640px"))
+        self.figure = go.FigureWidget(compare_figure(results, metric).update_layout(width=900))
+        self.menu.observe(self._on_change, names="value")
+        self.widget = W.VBox([self.menu, self.figure])
+
+    def _on_change(self, change) -> None:
+        redraw(self.figure, compare_figure(self.results, change["new"]).update_layout(width=900))
+
+    def _repr_mimebundle_(self, **kwargs):
+        return live_mimebundle(self.widget, "CompareView", **kwargs)
