@@ -1,0 +1,150 @@
+"""The claims ledger: quantitative claims registered by the lesson cells that measure them.
+
+A lesson cell that measures something a source article (or the lesson itself) states calls
+
+    claim("kv-cache-7b-34gb", "A 7B model's KV cache at batch 16 x 4096 tokens is 34.35 GB",
+          source="the course's seed article", verdict=reproduced_if(abs(gb - 34.35) < 0.01),
+          evidence=f"kv_cache_bytes(...) = {cache:,} bytes = {cache / 1e9:.2f} GB")
+
+and the returned `Claim` displays as one readable line (text/plain, text/html) that also carries
+its fields as JSON under `MIMETYPE`. `tools/build_claims.py` reads those outputs back from the
+executed notebooks and writes the book's ledger, so the ledger is generated, never typed: the
+verdict is decided by code from the measured numbers, and the evidence is a string the cell
+formats from them.
+
+Verdicts: "reproduced" and "contradicted" (measured here), "needs a GPU" (the claim is about GPU
+speed or memory; the evidence says what would reproduce it), "not measurable here" (say why).
+`REQUIRED` lists the claims the course promises to check; the build fails without each of them.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["MIMETYPE", "REQUIRED", "VERDICTS", "Claim", "check_required", "claim", "claims_in_notebook", "reproduced_if"]
+
+MIMETYPE = "application/vnd.onemask.claim+json"
+VERDICTS = ("reproduced", "contradicted", "needs a GPU", "not measurable here")
+_ID = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
+_MARK = {"reproduced": "✔", "contradicted": "✘", "needs a GPU": "⚙", "not measurable here": "–"}
+
+# The claims the course must check, by id (the issue "The published course" lists them).
+REQUIRED: tuple[str, ...] = (
+    "kv-cache-7b-34gb",  # a 7B model's KV cache, batch 16 x 4096 tokens, fp16: 34.35 GB
+    "weights-7b-14gb",  # its weights in fp16: 14 GB
+    "kv-contiguous-waste-20-35pct",  # 20-35% of KV memory wasted without paging
+    "rtx4090-attention-table",  # the naive / SDPA / Triton timing and memory table on an RTX 4090
+    "kv-cache-linear-decode",  # the KV cache turns O(S^2) generation into O(S)
+    "mamba-constant-inference-memory",  # Mamba decodes with O(1) memory
+    "mamba-linear-scan",  # Mamba's scan is O(S)
+    "moe-8x-top2-dense-cost",  # 8 experts, top-2, cost like a dense model
+    "moe-alpha-below-1e-3-collapses",  # alpha < 1e-3 collapses within 500 steps
+    "moe-alpha-above-1e-1-uniform",  # alpha > 1e-1 forces uniform routing at the expense of loss
+    "moe-alpha-0.01-capacity-1.25-drops",  # alpha = 0.01, C = 1.25 drops < 0.1% of tokens
+    "bert-vs-gpt-classification-10-50x",  # BERT-style 10-50x faster at classification inference
+    "bert-classification-10k-rps-a100",  # classification at 10K+ requests/s on one A100
+    "bert-mlm-80-10-10",  # of the selected tokens, 80% [MASK], 10% random, 10% unchanged
+    "bert-mlm-15pct",  # 15% of the tokens selected for masking
+)
+
+
+def _text(name: str, value: Any, *, max_len: int = 600) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"claim {name} must be a str, got {type(value).__name__}: {value!r}")
+    value = " ".join(value.split())  # one line: the ledger is a table
+    if not value:
+        raise ValueError(f"claim {name} must not be empty")
+    if len(value) > max_len:
+        raise ValueError(f"claim {name} is {len(value)} characters; keep it under {max_len} (one line of the ledger)")
+    return value
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One registered claim. Build it with `claim(...)`, which validates every field."""
+
+    id: str
+    statement: str
+    source: str
+    verdict: str
+    evidence: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Claim":
+        if not isinstance(data, dict):
+            raise TypeError(f"a claim record is a dict, got {type(data).__name__}")
+        fields = ("id", "statement", "source", "verdict", "evidence")
+        missing = [f for f in fields if f not in data]
+        extra = [k for k in data if k not in fields]
+        if missing or extra:
+            raise ValueError(f"a claim record has exactly the fields {fields}; missing {missing}, unexpected {extra}")
+        return claim(data["id"], data["statement"], source=data["source"], verdict=data["verdict"],
+                     evidence=data["evidence"])
+
+    def __str__(self) -> str:
+        return f"{_MARK[self.verdict]} [{self.verdict}] {self.id}: {self.statement} — {self.evidence} (source: {self.source})"
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        return (f'<div class="onemask-claim" id="claim-{e(self.id)}"><strong>Claim {e(self.id)}</strong> '
+                f'<strong>{_MARK[self.verdict]} {e(self.verdict)}</strong>: {e(self.statement)}<br>'
+                f'<em>Measured:</em> {e(self.evidence)}<br><em>Source:</em> {e(self.source)}</div>')
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
+        # Deterministic: the same fields give the same bytes (nbval compares stored outputs).
+        return {"text/plain": str(self), "text/html": self._repr_html_(), MIMETYPE: self.to_dict()}
+
+
+def claim(id: str, statement: str, *, source: str, verdict: str, evidence: str) -> Claim:
+    """Register a claim where it is measured; display the result as the cell's last expression.
+
+    id: a short kebab-case name, unique across the course (e.g. "kv-cache-7b-34gb").
+    statement: the claim as its source states it. source: who states it (article, paper, lesson).
+    verdict: one of VERDICTS, decided by code from the measurement (see `reproduced_if`).
+    evidence: what was measured, formatted from the cell's values (never typed numbers).
+    """
+    if not isinstance(id, str) or not _ID.match(id):
+        raise ValueError(f"claim id must be lower-case kebab-case like 'kv-cache-7b-34gb', got {id!r}")
+    if verdict not in VERDICTS:
+        raise ValueError(f"claim verdict must be one of {VERDICTS}, got {verdict!r}")
+    return Claim(id, _text("statement", statement), _text("source", source, max_len=200), verdict,
+                 _text("evidence", evidence))
+
+
+def reproduced_if(holds: Any) -> str:
+    """"reproduced" when the measured condition holds, "contradicted" when it does not."""
+    if holds is None or isinstance(holds, (str, bytes)):
+        raise TypeError(f"reproduced_if needs the measured condition (a bool), got {holds!r}")
+    return "reproduced" if bool(holds) else "contradicted"
+
+
+def claims_in_notebook(notebook: dict | str | Path) -> list[tuple[int, Claim]]:
+    """(cell index, Claim) for every claim a cell of an executed notebook displayed, in order."""
+    nb = json.loads(Path(notebook).read_text()) if isinstance(notebook, (str, Path)) else notebook
+    found = []
+    for index, cell in enumerate(nb.get("cells", [])):
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            data = output.get("data", {})
+            if MIMETYPE in data:
+                record = data[MIMETYPE]
+                found.append((index, Claim.from_dict(json.loads(record) if isinstance(record, str) else record)))
+    return found
+
+
+def check_required(ids: Iterable[str], required: Iterable[str] = REQUIRED) -> None:
+    """Raise ValueError unless every required id appears exactly once (and no id twice)."""
+    ids = list(ids)
+    counts = {i: ids.count(i) for i in set(ids)}
+    missing = [r for r in required if r not in counts]
+    repeated = sorted(i for i, n in counts.items() if n > 1)
+    if missing or repeated:
+        raise ValueError(f"claims ledger: required claims missing {missing}; claims registered more than once "
+                         f"{repeated} (run the lessons that measure them, or give each claim one id)")

@@ -1,0 +1,120 @@
+"""The claims registry (lib.claims) and the ledger built from the executed lessons
+(tools/build_claims.py -> book/claims.md)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lib.claims import (MIMETYPE, REQUIRED, VERDICTS, Claim, check_required, claim, claims_in_notebook,
+                        reproduced_if)
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("build_claims", ROOT / "tools" / "build_claims.py")
+build_claims = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_claims)
+
+
+def example(**changes) -> Claim:
+    fields = dict(statement="A 7B model's cache is 34.35 GB", source="the seed article", verdict="reproduced",
+                  evidence="measured 34.36 GB")
+    fields.update(changes)
+    return claim(changes.pop("id", "kv-cache-7b-34gb"), **{k: v for k, v in fields.items() if k != "id"})
+
+
+def test_claim_accepts_each_verdict_and_normalises_whitespace():
+    for verdict in VERDICTS:
+        c = example(verdict=verdict, evidence="two\n  lines")
+        assert c.verdict == verdict and c.evidence == "two lines"
+
+
+@pytest.mark.parametrize("verdict", ["Reproduced", "ok", "needs a gpu", "", None, True])
+def test_claim_rejects_an_unknown_verdict_by_name(verdict):
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        example(verdict=verdict)
+
+
+@pytest.mark.parametrize("bad_id", ["KV cache", "kv_cache", "-kv", "kv-", "", 7, "kv--cache"])
+def test_claim_rejects_an_id_that_is_not_kebab_case(bad_id):
+    with pytest.raises(ValueError, match="kebab-case"):
+        claim(bad_id, "s", source="s", verdict="reproduced", evidence="e")
+
+
+def test_claim_rejects_empty_or_non_text_fields():
+    with pytest.raises(ValueError, match="evidence must not be empty"):
+        example(evidence="   ")
+    with pytest.raises(TypeError, match="statement must be a str"):
+        example(statement=34.35)
+    with pytest.raises(ValueError, match="under 600"):
+        example(evidence="x" * 601)
+    with pytest.raises(TypeError):
+        claim("a", "s", "source given positionally", "reproduced", "e")  # keyword-only
+
+
+def test_reproduced_if_decides_from_the_condition_and_refuses_non_conditions():
+    assert reproduced_if(3 < 4) == "reproduced" and reproduced_if(0.5 > 1) == "contradicted"
+    import torch
+
+    assert reproduced_if(torch.tensor(2.0) > 1) == "reproduced"
+    for bad in (None, "yes"):
+        with pytest.raises(TypeError, match="measured condition"):
+            reproduced_if(bad)
+
+
+def test_display_bundle_is_readable_deterministic_and_round_trips():
+    c = example(evidence="a < b & c | d")
+    bundle = c._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html", MIMETYPE}
+    assert bundle == example(evidence="a < b & c | d")._repr_mimebundle_()  # same fields, same bytes
+    assert "[reproduced] kv-cache-7b-34gb" in bundle["text/plain"]
+    assert "a &lt; b &amp; c | d" in bundle["text/html"] and 'id="claim-kv-cache-7b-34gb"' in bundle["text/html"]
+    stored = json.loads(json.dumps(bundle[MIMETYPE]))  # as a notebook stores it
+    assert Claim.from_dict(stored) == c
+    with pytest.raises(ValueError, match="missing"):
+        Claim.from_dict({"id": "x"})
+
+
+def test_claims_in_notebook_reads_displayed_claims_in_cell_order():
+    a, b = example(), example(id="weights-7b-14gb")
+    nb = {"cells": [
+        {"cell_type": "markdown", "source": "x"},
+        {"cell_type": "code", "outputs": [{"output_type": "stream", "text": "hi"},
+                                          {"output_type": "execute_result", "data": b._repr_mimebundle_()}]},
+        {"cell_type": "code", "outputs": [{"output_type": "display_data", "data": a._repr_mimebundle_()}]},
+    ]}
+    assert claims_in_notebook(nb) == [(1, b), (2, a)]
+
+
+def test_check_required_names_missing_and_repeated_claims():
+    check_required(["a", "b"], required=("a",))
+    with pytest.raises(ValueError, match=r"missing \['c'\]"):
+        check_required(["a", "b"], required=("a", "c"))
+    with pytest.raises(ValueError, match=r"more than once \['a'\]"):
+        check_required(["a", "a"], required=("a",))
+
+
+def test_every_required_claim_is_registered_exactly_once_by_the_lessons():
+    ids = [c.id for _, _, c in build_claims.collect(build_claims.notebooks())]
+    check_required(ids)
+    assert len(ids) == len(set(ids))
+    assert set(REQUIRED) <= set(ids)
+
+
+def test_committed_ledger_is_what_the_notebooks_generate():
+    assert build_claims.LEDGER.read_text() == build_claims.render(build_claims.notebooks()), \
+        "book/claims.md is stale: run python tools/build_claims.py"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "build_claims.py"), "--check"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ledger_build_fails_loudly_without_a_required_claim(tmp_path):
+    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "display_data",
+                                                       "data": example()._repr_mimebundle_()}]}]}
+    path = tmp_path / "01-masking-equation.ipynb"
+    path.write_text(json.dumps(nb))
+    with pytest.raises(ValueError, match="required claims missing"):
+        build_claims.render([path])
