@@ -1,9 +1,18 @@
 """The built book: every page renders its figures and maths with no console error and no
-request leaving the site; static figures work without a kernel."""
+request leaving the site; static figures work without a kernel; every lesson page says what to
+read first and links its notebooks, served by the site itself."""
+
+import json
+import re
+import urllib.request
+from pathlib import Path
 
 import pytest
+import yaml
 
 from lib.course import LESSONS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LESSON_PAGES = [f"lessons/{lesson.stem}.html" for lesson in LESSONS if lesson.landed()]
 PAGES = ["index.html", "intro.html", "course-map.html", *LESSON_PAGES]
@@ -60,3 +69,29 @@ def test_bertviz_views_render_on_the_book_page(book_server, page_with_log):
     assert "tired" in drawn and "[CLS]" in drawn
     assert log.outside_requests() == [] and log.page_errors == []
     page.context.close()
+
+
+@pytest.mark.parametrize("lesson", [lesson for lesson in LESSONS if lesson.landed()], ids=lambda lesson: lesson.stem)
+def test_lesson_page_links_its_notebooks_and_names_its_prerequisites(book_server, lesson):
+    page_url = f"{book_server}/lessons/{lesson.stem}.html"
+    page = urllib.request.urlopen(page_url).read().decode()
+    box = re.search(r'<div class="admonition note onemask-lesson-box">(.*?)</div>', page, flags=re.S)
+    assert box, f"{lesson.stem}: no 'Before you start' box"
+    box = box.group(1)
+    hrefs = re.findall(r'<a class="reference download" href="([^"]+)" download=', box)
+    downloads = {href: f"lessons/{href}" for href in hrefs}
+    assert downloads == {f"{lesson.stem}.ipynb": f"lessons/{lesson.stem}.ipynb",
+                         f"exercises/{lesson.stem}.ipynb": f"lessons/exercises/{lesson.stem}.ipynb"}
+    for href, source in downloads.items():
+        served = urllib.request.urlopen(f"{book_server}/lessons/{href}").read()  # relative to the page
+        assert served == (ROOT / source).read_bytes(), f"{href} is not the repository's {source} (rebuild: make book)"
+        assert json.loads(served)["nbformat"] == 4
+    assert "make lab" in box and f"exercises/{lesson.stem}.ipynb</code>" in box
+
+    prerequisites = yaml.safe_load((ROOT / "book" / "prerequisites.yml").read_text())[f"{lesson.number:02d}"]
+    linked = re.findall(r'<li><a class="reference internal" href="(\d\d)-[\w-]+\.html">', box)
+    assert linked == [entry["lesson"] for entry in prerequisites]
+    for href in re.findall(r'<li><a class="reference internal" href="([^"]+)">', box):
+        assert urllib.request.urlopen(f"{book_server}/lessons/{href}").status == 200
+    if not prerequisites:
+        assert "None: the course starts here." in box
