@@ -6,26 +6,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.onemask-installed
 PORT ?= 8888
+DEMO_PORT ?= 8866
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: help setup lab test test-unit test-lessons test-browser book notebooks exercises lock clean
+.PHONY: help setup lab demo test test-unit test-lessons test-browser book notebooks exercises lock clean
 
 help:
 	@echo "make lab        set up .venv and start JupyterLab on lessons/ (127.0.0.1, with a token)"
 	@echo "make test       set up .venv and run the whole suite"
+	@echo "make demo       serve the classroom gallery of widgets with Voila (127.0.0.1:$(DEMO_PORT), with a token)"
 	@echo "make book       build the Jupyter Book into book/_build/html"
 	@echo "make notebooks  re-execute lessons/*.md into their .ipynb, then regenerate the exercises"
 	@echo "make lock       rewrite requirements.lock from the current .venv"
 
 # Re-runs only when the pins change: a second `make lab` takes seconds.
-$(STAMP): requirements.lock pyproject.toml tools/install_browser.sh tools/lab_overrides.json
+$(STAMP): requirements.lock pyproject.toml tools/install_browser.sh tools/install_axe.sh tools/lab_overrides.json
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "One Mask needs Python 3.11 (or 3.12), found " + sys.version' 
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	bash tools/install_browser.sh $(BIN)
+	bash tools/install_axe.sh $(VENV)
 	@# JupyterLab must not ask to fetch news or check for updates (a classroom may be offline)
 	@mkdir -p $(VENV)/share/jupyter/lab/settings && cp tools/lab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
@@ -38,6 +41,11 @@ lab: $(STAMP)
 	exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --IdentityProvider.token=$$token \
 	  --ServerApp.root_dir=lessons --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+# The classroom gallery: one Voila page per widget, large fonts, offline (tools/make_gallery.py
+# writes the notebooks and the template into .demo/, then serves them on 127.0.0.1 with a token).
+demo: $(STAMP)
+	exec $(BIN)/python tools/make_gallery.py .demo --serve --port=$(DEMO_PORT)
 
 # The whole suite, in order; any failing part stops it with a non-zero exit.
 test: $(STAMP)
@@ -57,6 +65,7 @@ test-browser: $(STAMP)
 	$(BIN)/pytest tests/browser -rs -q
 
 book: $(STAMP)
+	$(BIN)/python tools/build_claims.py
 	$(BIN)/python tools/prepare_book_assets.py
 	$(BIN)/jupyter-book build book --warningiserror --keep-going -q
 
@@ -74,4 +83,4 @@ lock: $(STAMP)
 	   $(BIN)/pip freeze --all --exclude-editable --exclude pip | sed 's/+cpu$$//'; } > requirements.lock
 
 clean:
-	rm -rf book/_build book/_static
+	rm -rf book/_build book/_static .demo
