@@ -10,7 +10,6 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from nbclient import NotebookClient
 
 from lib.attention import attention_ref
 from lib.exercises import CheckReport
@@ -148,20 +147,18 @@ def test_lesson_holds_solutions_that_pass_their_checks(lesson):
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
-def test_unsolved_exercise_notebook_runs_and_shows_hints_not_tracebacks(lesson):
+def test_exercise_notebook_ships_unexecuted_with_stubs_for_every_solution(lesson):
+    """The exercise version is the lesson with each solution replaced by a stub. It is executed in
+    a real JupyterLab by tests/browser/test_lab.py, which checks every unsolved exercise answers
+    with a hint and no cell raises (one execution there instead of a second one here)."""
     path = ROOT / "lessons" / "exercises" / lesson.name
     nb = nbformat.read(path, as_version=4)
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "exercise notebooks ship unexecuted"
     assert "jupytext" not in nb.metadata, "no pairing: saving it must not create a .md"
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "lessons")}},
-                   store_widget_state=False).execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors, [e["ename"] for e in errors]
     cells = exercise_cells(nb)
-    assert cells
+    assert cells and len(cells) == len(exercise_cells(nbformat.read(lesson, as_version=4)))
     for cell in cells:
-        text = "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
-        assert "not passed yet" in text and "not attempted yet" in text and "hint:" in text, text
+        assert "### BEGIN SOLUTION" not in cell.source and "raise NotImplementedError" in cell.source
 
 
 # ---------------------------------------------------------------- lesson 02
