@@ -89,7 +89,7 @@ class Setting:
 SETTINGS = {
     # The lesson's budget (3 minutes on 2 cores, all of it): short training, small grids.
     "default": Setting("default", batch_size=16, recall_steps=300, copy_steps=200, eval_batches=2),
-    # The larger run: longer training, more pairs, longer copies. About 15-25 minutes on 2 cores.
+    # The larger run: longer training, more pairs, longer copies: tens of minutes on 2 cores.
     "full": Setting("full", recall_steps=3000, recall_train_pairs=(2, 4, 6, 8, 10, 12), recall_eval_pairs=(1, 2, 4, 6, 8, 10, 12),
                     copy_steps=1500, copy_train_blanks=(8, 16, 24, 32), copy_eval_blanks=(8, 16, 32, 64, 128, 256),
                     eval_batches=8, decode_contexts=(64, 512, 2048, 8192)),

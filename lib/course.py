@@ -45,6 +45,6 @@ LESSONS: tuple[Lesson, ...] = (
            "runs fully at toy scale", "long-sequence timings"),
     Lesson(7, "moe", "Mixture of Experts", "How do routers spread tokens, and what keeps them balanced?",
            "runs fully; expert parallelism across CPU processes (gloo)", "NCCL expert parallelism"),
-    Lesson(8, "architectures", "Architectures compared", "Which architecture for which job, measured?",
+    Lesson(8, "architectures-compared", "Architectures compared", "Which architecture for which job, measured?",
            "runs fully at toy scale", "larger runs"),
 )
