@@ -7,6 +7,7 @@ not a skip: `make test` never skips the browser tests silently.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -45,6 +46,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def serve(argv, env, cwd, log_path, ready_url: str, what: str, timeout_s: float):
+    """Run a server process (its output to log_path) until ready_url answers; stop it afterwards."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(ready_url, timeout=2)
+            break
+        except Exception:
+            if proc.poll() is not None:
+                pytest.fail(f"{what} exited: {Path(log_path).read_text()[-3000:]}")
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail(f"{what} did not start within {timeout_s} s")
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def server():
+    """`serve` for test modules: `with server(argv, env, cwd, log_path, ready_url, what, timeout_s):`."""
+    return serve
+
+
+@pytest.fixture(scope="session")
+def unused_port():
+    """`free_port` for test modules."""
+    return free_port
+
+
+@pytest.fixture(scope="session")
+def page_log():
+    """`PageLog` for test modules that open pages in a browser context of their own."""
+    return PageLog
+
+
 @pytest.fixture(scope="session")
 def browser():
     with sync_playwright() as p:
@@ -64,7 +111,8 @@ class PageLog:
         page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
 
     def outside_requests(self) -> list[str]:
-        return [u for u in self.requests if not (u.startswith(self.origin) or u.startswith(("data:", "blob:", "about:")))]
+        local = (self.origin, self.origin.replace("http", "ws", 1), "data:", "blob:", "about:")  # ws: the site's own kernels
+        return [u for u in self.requests if not u.startswith(local)]
 
 
 @pytest.fixture(scope="session")
@@ -106,25 +154,5 @@ def lab_server(tmp_path_factory):
            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if os.getuid() == 0:
         cmd.append("--allow-root")
-    log = open(work / "lab.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except Exception:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited: {(work / 'lab.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("jupyter lab did not start within 90 s")
-    yield base, token
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with serve(cmd, env, work, work / "lab.log", f"http://127.0.0.1:{port}/api/status?token={token}", "jupyter lab", 90):
+        yield f"http://127.0.0.1:{port}", token

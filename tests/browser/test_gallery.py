@@ -10,10 +10,6 @@ operating one control with the keyboard alone changes the figure; Tab reaches ev
 from __future__ import annotations
 
 import importlib.util
-import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -46,59 +42,18 @@ def _load_make_gallery():
     return module
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def gallery_server(tmp_path_factory):
+def gallery_server(tmp_path_factory, server, unused_port):
     """Voilà serving a freshly generated gallery, started exactly as `make demo` starts it."""
     out = tmp_path_factory.mktemp("demo")
     make_gallery = _load_make_gallery()
     make_gallery.write_gallery(out)
-    port = _free_port()
+    port = unused_port()
     argv, env = make_gallery.voila_command(out, port, TOKEN)
     env = {**env, "JUPYTER_RUNTIME_DIR": str(out / "runtime"), "JUPYTER_CONFIG_DIR": str(out / "config"),
            "PYTHONHASHSEED": "0"}
-    log = open(out / "voila.log", "w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"{base}/?token={TOKEN}", timeout=2)
-            break
-        except Exception:
-            if proc.poll() is not None:
-                pytest.fail(f"voila exited: {(out / 'voila.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("voila did not start within 120 s")
-    yield base, out
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-
-
-class _Log:
-    """What a page did: console errors, page errors, every request URL, failed responses."""
-
-    def __init__(self, page, origin: str):
-        self.origin, self.console_errors, self.page_errors, self.requests, self.failed = origin, [], [], [], []
-        page.on("console", lambda m: m.type == "error" and self.console_errors.append(m.text))
-        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
-        page.on("request", lambda r: self.requests.append(r.url))
-        page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
-
-    def outside_requests(self) -> list[str]:
-        local = (self.origin, self.origin.replace("http", "ws", 1), "data:", "blob:", "about:")
-        return [u for u in self.requests if not u.startswith(local)]
+    with server(argv, env, out, out / "voila.log", f"http://127.0.0.1:{port}/?token={TOKEN}", "voila", 120):
+        yield f"http://127.0.0.1:{port}", out
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +69,12 @@ def context(gallery_server, browser):
 
 
 @pytest.fixture(scope="module", params=PAGES, ids=[name for _, name in PAGES])
-def widget_page(request, gallery_server, context):
+def widget_page(request, gallery_server, context, page_log):
     """One widget page, opened once for the three tests below (its kernel builds the widget)."""
     base, _ = gallery_server
     path, name = request.param
     page = context.new_page()
-    log = _Log(page, base)
+    log = page_log(page, base)
     page.goto(f"{base}/voila/render/{path}", timeout=RENDER_TIMEOUT_MS)
     page.wait_for_selector(".onemask-present .js-plotly-plot .main-svg", timeout=RENDER_TIMEOUT_MS)
     plot = page.locator(".onemask-present .js-plotly-plot").first
@@ -129,10 +84,10 @@ def widget_page(request, gallery_server, context):
     page.close()
 
 
-def test_index_links_every_widget_and_stays_offline(gallery_server, context):
+def test_index_links_every_widget_and_stays_offline(gallery_server, context, page_log):
     base, _ = gallery_server
     page = context.new_page()
-    log = _Log(page, base)
+    log = page_log(page, base)
     page.goto(f"{base}/voila/render/index.ipynb", timeout=RENDER_TIMEOUT_MS)
     page.wait_for_selector("table a[href$='.ipynb']", timeout=RENDER_TIMEOUT_MS)
     links = page.eval_on_selector_all("table a[href$='.ipynb']", "(as) => as.map(a => a.getAttribute('href'))")
