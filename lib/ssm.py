@@ -18,6 +18,8 @@ Three scans, equal up to rounding (tests/test_ssm.py asserts it, values and grad
                          short loop carrying the state across chunks (see its docstring; measured
                          by tools/bench_ssm.py, benchmarks/ssm_cpu.json)
     parallel_scan_ref    Hillis-Steele doubling with `scan_combine`, log2(L) steps (teaching)
+    "triton"             `lib.kernels.scan.selective_scan_triton`: one fused kernel, the state kept
+                         on chip (compiled on a GPU, Triton's interpreter on a CPU; tests/test_scan_kernel.py)
 
 Every exponential is of Δ·A ≤ 0 or of a sum of such terms, so nothing overflows however large Δ
 or L: the decays lie in [0, 1] and the state can only forget.
@@ -297,8 +299,19 @@ def _scan_parallel(x, delta, A, B, C, D, h0, return_state):
     return _finish(y, x_, D, h[:, -1], return_state, x.dtype)
 
 
-SCANS: dict[str, Callable] = {"chunked": selective_scan, "ref": selective_scan_ref, "parallel": parallel_scan_ref}
-_SCANS_UNCHECKED = {"chunked": _scan_chunked, "ref": _scan_ref, "parallel": _scan_parallel}
+def _selective_scan_triton(*args, **kwargs):
+    """lib.kernels.scan.selective_scan_triton, imported on first use (it imports triton)."""
+    from lib.kernels.scan import selective_scan_triton
+    return selective_scan_triton(*args, **kwargs)
+
+
+def _scan_triton(x, delta, A, B, C, D, h0, return_state):
+    return _selective_scan_triton(x, delta, A, B, C, D, h0=h0, return_state=return_state)
+
+
+SCANS: dict[str, Callable] = {"chunked": selective_scan, "ref": selective_scan_ref, "parallel": parallel_scan_ref,
+                              "triton": _selective_scan_triton}
+_SCANS_UNCHECKED = {"chunked": _scan_chunked, "ref": _scan_ref, "parallel": _scan_parallel, "triton": _scan_triton}
 
 
 # --------------------------------------------------------------------------- LTI: a convolution
@@ -364,7 +377,7 @@ class MambaConfig:
     expand: int = 2  # d_inner = expand · d_model, the channels D the scan runs over
     dt_rank: int | str = "auto"  # R; "auto" = ceil(d_model / 16) as in Mamba (an int after __post_init__)
     selective: bool = True  # False: Δ, B, C fixed parameters (LTI, S4D-like) instead of functions of x
-    scan: str = "chunked"  # "chunked", "ref" or "parallel" (SCANS)
+    scan: str = "chunked"  # "chunked", "ref", "parallel" or "triton" (the fused kernel; SCANS)
     chunk_size: int | None = None  # None: default_chunk_size(L)
     norm: str = "rms"  # "rms" (RMSNorm, as Mamba) or "layer" (LayerNorm)
     norm_eps: float = 1e-5

@@ -28,9 +28,12 @@ from lib.kernels import (
 EPS32 = torch.finfo(torch.float32).eps
 ON_GPU = torch.cuda.is_available() and kernel_mode() == "compiled"
 needs_kernels = pytest.mark.skipif(kernel_mode() == "unavailable", reason="no GPU and TRITON_INTERPRET is not set")
+# Where the kernels are compiled (a CUDA GPU) the same tests run on CUDA tensors; elsewhere on the
+# CPU under the interpreter. Tests about CPU behaviour name device="cpu" themselves.
+DEVICE = "cuda" if ON_GPU else "cpu"
 
 
-def rand(*shape, seed=0, scale=1.0, dtype=torch.float32, device="cpu"):
+def rand(*shape, seed=0, scale=1.0, dtype=torch.float32, device=DEVICE):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype=dtype, device=device)
 
@@ -136,7 +139,7 @@ def test_triton_backend_through_attention_equals_the_reference(causal):
 @pytest.mark.parametrize(
     "shapes, mask, words",
     [
-        (((1, 2, 8, 16), (1, 2, 8, 16)), torch.zeros(8, 8), "causal or no mask; pass backend='sdpa'"),
+        (((1, 2, 8, 16), (1, 2, 8, 16)), torch.zeros(8, 8, device=DEVICE), "causal or no mask; pass backend='sdpa'"),
         (((1, 2, 4, 16), (1, 2, 8, 16)), None, "T == S"),
         (((1, 4, 8, 16), (1, 2, 8, 16)), None, "H_kv == H"),
     ],
@@ -149,7 +152,7 @@ def test_triton_backend_refuses_what_the_kernel_does_not_support(shapes, mask, w
 
 
 def test_auto_still_picks_sdpa_on_cpu(monkeypatch):
-    q, k, v = (rand(1, 2, 8, 16, seed=s) for s in (1, 2, 3))
+    q, k, v = (rand(1, 2, 8, 16, seed=s, device="cpu") for s in (1, 2, 3))
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("auto chose the Triton backend for CPU tensors")
@@ -241,7 +244,7 @@ def test_bad_input_raises_a_clear_error_never_a_crash(kwargs, error, words):
 def test_cpu_tensors_without_the_interpreter_get_told_how_to_enable_it(monkeypatch):
     monkeypatch.setattr(flash, "kernel_mode", lambda: "unavailable")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        flash_attention(q0, k0, v0)
+        flash_attention(q0.cpu(), k0.cpu(), v0.cpu())
 
 
 def test_import_switches_the_interpreter_on_without_a_gpu_and_works_without_triton():

@@ -12,6 +12,10 @@ forward only (no_grad) and forward + backward, after one warm-up each; the resul
 the medians. A chunk-size sweep at L = 2048 shows where `default_chunk_size` comes from.
 A record, not a test: timings depend on the machine and on whatever else runs on it (the load
 average is recorded beside them).
+
+On a CUDA GPU (tools/gpu_checks.sh runs it there) it also times the fused Triton kernel
+(`lib.kernels.scan.selective_scan_triton`) beside the two, at the issue's shape and at a Mamba-130m
+layer's width (batch 8, D = 1536, N = 16), and writes benchmarks/ssm_cuda.json.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from lib.bench import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = (2, 64, 16)  # batch, D channels, N state entries
+GPU_MODEL_SHAPE = (8, 1536, 16)  # a Mamba-130m layer (d_inner = 2 x 768), batch 8: on a GPU only
 
 
 
@@ -78,25 +83,33 @@ def median_seconds(runs: dict, repeats: int) -> dict[str, list[float]]:
     return seconds
 
 
-def bench_lengths(lengths, repeats: int, device) -> list[dict]:
-    batch, D, N = SHAPES
+def bench_lengths(lengths, repeats: int, device, shape=SHAPES, scans=None) -> list[dict]:
+    batch, D, N = shape
+    scans = scans or {"ref": selective_scan_ref, "chunked": selective_scan}
     rows = []
     for L in lengths:
         inputs = make_inputs(batch, L, D, N, device)
         with torch.no_grad():
-            err = (selective_scan(*inputs) - selective_scan_ref(*inputs)).abs().max().item()
-        row = {"threads": torch.get_num_threads(), "L": L, "chunk_size": default_chunk_size(L),
-               "max_abs_diff_fwd": float(f"{err:.3g}")}
+            want = selective_scan_ref(*inputs)
+            errs = {k: (fn(*inputs) - want).abs().max().item() for k, fn in scans.items() if k != "ref"}
+        row = {"threads": torch.get_num_threads(), "batch": batch, "D": D, "N": N, "L": L,
+               "chunk_size": default_chunk_size(L), "max_abs_diff_fwd": float(f"{errs['chunked']:.3g}")}
+        if "triton" in errs:
+            row["max_abs_diff_fwd_triton"] = float(f"{errs['triton']:.3g}")
         for mode, backward in (("forward", False), ("forward_backward", True)):
-            seconds = median_seconds({"ref": timer(selective_scan_ref, inputs, backward, device),
-                                      "chunked": timer(selective_scan, inputs, backward, device)}, repeats)
+            seconds = median_seconds({k: timer(fn, inputs, backward, device) for k, fn in scans.items()}, repeats)
             median = {k: statistics.median(v) for k, v in seconds.items()}
-            row[mode] = {"seconds": {k: [round(s, 5) for s in v] for k, v in seconds.items()},
-                         "median_seconds": {k: round(v, 5) for k, v in median.items()},
-                         "speedup_chunked_over_ref": round(median["ref"] / median["chunked"], 2)}
+            row[mode] = {"seconds": {k: [round(s, 6) for s in v] for k, v in seconds.items()},
+                         "median_seconds": {k: round(v, 6) for k, v in median.items()}}
+            for k in scans:
+                if k != "ref":
+                    row[mode][f"speedup_{k}_over_ref"] = round(median["ref"] / median[k], 2)
         rows.append(row)
-        print(f"threads={row['threads']} L={L}: forward {row['forward']['speedup_chunked_over_ref']}x, "
-              f"forward+backward {row['forward_backward']['speedup_chunked_over_ref']}x", flush=True)
+        print(f"threads={row['threads']} shape={shape} L={L}: forward "
+              + ", ".join(f"{k} {v}x" for k, v in row["forward"].items() if k.startswith("speedup"))
+              + "; forward+backward "
+              + ", ".join(f"{k} {v}x" for k, v in row["forward_backward"].items() if k.startswith("speedup")),
+              flush=True)
     return rows
 
 
@@ -121,9 +134,15 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
     rows, sweep = [], {}
+    shapes, scans = [SHAPES], None
+    if device.type == "cuda":  # the fused kernel runs compiled only here; add a model-sized layer
+        from lib.kernels.scan import selective_scan_triton
+        shapes, scans = [SHAPES, GPU_MODEL_SHAPE], {"ref": selective_scan_ref, "chunked": selective_scan,
+                                                    "triton": selective_scan_triton}
     for threads in args.threads:
         torch.set_num_threads(threads)
-        rows += bench_lengths(args.lengths, args.repeats, device)
+        for shape in shapes:
+            rows += bench_lengths(args.lengths, args.repeats, device, shape, scans)
         if args.sweep:
             sweep[f"threads_{threads}"] = bench_chunk_sizes(args.sweep, args.repeats, device)
         if hasattr(os, "getloadavg"):
@@ -131,8 +150,10 @@ def main() -> None:
 
     result = {
         "benchmark": "selective scan, chunked (lib.ssm.selective_scan) vs per-step reference "
-                     "(lib.ssm.selective_scan_ref); median seconds per call",
+                     "(lib.ssm.selective_scan_ref)" + (" vs the fused Triton kernel "
+                     "(lib.kernels.scan.selective_scan_triton)" if scans else "") + "; median seconds per call",
         "shapes": {"batch": SHAPES[0], "D": SHAPES[1], "N": SHAPES[2], "dtype": "float32", "lengths": args.lengths},
+        "shapes_timed": [dict(zip(("batch", "D", "N"), shape)) for shape in shapes],
         "repeats": args.repeats,
         "results": rows,
         "chunk_size_sweep_forward_L2048_median_seconds": sweep,
@@ -149,15 +170,16 @@ def main() -> None:
                 "suffer most (each parallel region waits for a core).",
     }
 
-    print("\n| threads | L | chunk | forward ref (s) | forward chunked (s) | speedup "
-          "| fwd+bwd ref (s) | fwd+bwd chunked (s) | speedup |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    names = list(rows[0]["forward"]["median_seconds"])
+    print("\n| threads | B, D, N | L | chunk | " + " | ".join(
+        f"{mode} {k} (s)" for mode in ("fwd", "fwd+bwd") for k in names) + " | " + " | ".join(
+        f"{mode} {k}/ref" for mode in ("fwd", "fwd+bwd") for k in names if k != "ref") + " |")
+    print("|" + "---:|" * (4 + 2 * len(names) + 2 * (len(names) - 1)))
     for r in rows:
         f, b = r["forward"], r["forward_backward"]
-        cells = [r["threads"], r["L"], r["chunk_size"], f"{f['median_seconds']['ref']:.4f}",
-                 f"{f['median_seconds']['chunked']:.4f}", f"{f['speedup_chunked_over_ref']:.1f}x",
-                 f"{b['median_seconds']['ref']:.4f}", f"{b['median_seconds']['chunked']:.4f}",
-                 f"{b['speedup_chunked_over_ref']:.1f}x"]
+        cells = [r["threads"], f"{r['batch']}, {r['D']}, {r['N']}", r["L"], r["chunk_size"]]
+        cells += [f"{m['median_seconds'][k]:.5f}" for m in (f, b) for k in names]
+        cells += [f"{m[f'speedup_{k}_over_ref']:.1f}x" for m in (f, b) for k in names if k != "ref"]
         print("| " + " | ".join(map(str, cells)) + " |")
     for key, times in sweep.items():
         print(f"\nchunk size sweep, L = 2048, forward median seconds ({key}):",

@@ -1,0 +1,174 @@
+"""The selective scan as one fused Triton kernel (lesson 06): the state never leaves the chip.
+
+`lib.ssm.selective_scan_ref` is the definition: h_t = exp(Δ_t·A) ⊙ h_{t-1} + (Δ_t x_t) B_t,
+y_t = C_t · h_t (+ D ⊙ x_t), per channel d and state entry n. In PyTorch each of those operations
+reads and writes a (B, L, D, N) tensor in main memory. The official Mamba kernel (Gu & Dao 2023,
+§3.3.2, "hardware-aware algorithm") instead loads Δ, A, B, C, x once, keeps the (D, N) state in
+fast on-chip memory, discretises and scans there, and writes only y (B, L, D): N times fewer bytes
+than the state sequence.
+
+This kernel does the same in its simplest form: one program per (sequence, block of BLOCK_D
+channels) holds its (BLOCK_D, N) slice of the state in registers and walks the L positions in order.
+The work is sequential in time and parallel over batch and channels: B · D / BLOCK_D programs.
+(The official kernel also splits L into chunks scanned in parallel within a thread block; this one
+does not, which is enough to remove the memory traffic but leaves short-and-narrow inputs with few
+programs.) Everything is computed in fp32.
+
+    selective_scan_triton   same arguments and returns as lib.ssm.selective_scan (no chunk_size)
+
+Differentiable: the backward is not a kernel. It recomputes the forward with the chunked PyTorch
+scan (`lib.ssm.selective_scan`) under autograd and returns its gradients, so gradients equal the
+chunked scan's (tested); the speed of the fused kernel is the forward's.
+
+Like the attention kernels, it runs compiled on a CUDA GPU and in Triton's interpreter on CPU
+tensors when TRITON_INTERPRET=1 (set by `import lib` on machines without a GPU); the interpreter
+checks correctness, not speed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lib.kernels.flash import _triton_mixed_modes, kernel_mode, tl, triton
+
+__all__ = ["selective_scan_triton"]
+
+
+if triton is not None:
+
+    @triton.jit
+    def _selective_scan_fwd_kernel(X, DT, A, Bm, Cm, Dskip, H0, Y, HL, L, n_ch, n_st,
+                                   HAS_D: tl.constexpr, HAS_H0: tl.constexpr, STORE_STATE: tl.constexpr,
+                                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        """y (and the final state) for one sequence and BLOCK_D channels. Inputs contiguous fp32:
+        X, DT, Y (B, L, D); A (D, N); Bm, Cm (B, L, N); Dskip (D,); H0, HL (B, D, N)."""
+        pid_b = tl.program_id(0)
+        pid_d = tl.program_id(1)
+        offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,) channels
+        offs_n = tl.arange(0, BLOCK_N)  # (BLOCK_N,) state entries
+        mask_d = offs_d < n_ch
+        mask_n = offs_n < n_st
+        mask_dn = mask_d[:, None] & mask_n[None, :]
+        # Padding entries get A = 0 and B = 0: Ā = 1 and no input, so their state stays 0 and
+        # contributes nothing to y.
+        a = tl.load(A + offs_d[:, None] * n_st + offs_n[None, :], mask=mask_dn, other=0.0)  # (BLOCK_D, BLOCK_N)
+        state_ptrs = pid_b * n_ch * n_st + offs_d[:, None] * n_st + offs_n[None, :]
+        if HAS_H0:
+            h = tl.load(H0 + state_ptrs, mask=mask_dn, other=0.0)
+        else:
+            h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        if HAS_D:
+            skip = tl.load(Dskip + offs_d, mask=mask_d, other=0.0)  # (BLOCK_D,)
+        x_row = X + pid_b * L * n_ch + offs_d  # position 0's channels; one row is n_ch further on
+        dt_row = DT + pid_b * L * n_ch + offs_d
+        y_row = Y + pid_b * L * n_ch + offs_d
+        b_row = Bm + pid_b * L * n_st + offs_n
+        c_row = Cm + pid_b * L * n_st + offs_n
+        for t in range(0, L):
+            x = tl.load(x_row + t * n_ch, mask=mask_d, other=0.0)  # (BLOCK_D,)
+            dt = tl.load(dt_row + t * n_ch, mask=mask_d, other=0.0)  # (BLOCK_D,)
+            b = tl.load(b_row + t * n_st, mask=mask_n, other=0.0)  # (BLOCK_N,)
+            c = tl.load(c_row + t * n_st, mask=mask_n, other=0.0)  # (BLOCK_N,)
+            a_bar = tl.exp(dt[:, None] * a)  # (BLOCK_D, BLOCK_N): Ā_t = exp(Δ_t A) <= 1
+            h = a_bar * h + (dt * x)[:, None] * b[None, :]  # Ā_t ⊙ h + B̄_t x_t
+            y = tl.sum(h * c[None, :], axis=1)  # (BLOCK_D,): C_t · h_t
+            if HAS_D:
+                y = y + skip * x
+            tl.store(y_row + t * n_ch, y, mask=mask_d)
+        if STORE_STATE:
+            tl.store(HL + state_ptrs, h, mask=mask_dn)
+
+
+def _block_sizes(n_ch: int, n_st: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_N): all N state entries in one block (N is small: 16 in Mamba); BLOCK_D
+    keeps a program's state tile at about 2048 fp32 values (registers on a GPU), capped at 64."""
+    block_n = max(2, triton.next_power_of_2(n_st))
+    block_d = max(2, min(64, triton.next_power_of_2(n_ch), 2048 // block_n))
+    return block_d, block_n
+
+
+def _launch(x, delta, A, B, C, D, h0, return_state: bool):
+    """Run the kernel on fp32 contiguous copies; y in fp32, the final state (B, D, N) or None."""
+    b, l, d = x.shape
+    n = A.shape[1]
+    f32 = [None if t is None else t.to(torch.float32).contiguous() for t in (x, delta, A, B, C, D, h0)]
+    x32, dt32, a32, b32, c32, d32, h032 = f32
+    y = torch.empty_like(x32)
+    hl = torch.empty(b, d, n, device=x.device, dtype=torch.float32) if return_state else y
+    block_d, block_n = _block_sizes(d, n)
+    grid = (b, triton.cdiv(d, block_d))
+    _selective_scan_fwd_kernel[grid](
+        x32, dt32, a32, b32, c32, d32 if d32 is not None else x32, h032 if h032 is not None else x32, y, hl,
+        l, d, n, HAS_D=D is not None, HAS_H0=h0 is not None, STORE_STATE=return_state,
+        BLOCK_D=block_d, BLOCK_N=block_n)
+    return y, (hl if return_state else None)
+
+
+class _SelectiveScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, delta, A, B, C, D, h0, return_state):
+        y, hl = _launch(x, delta, A, B, C, D, h0, return_state)
+        ctx.save_for_backward(x, delta, A, B, C, D, h0)
+        ctx.return_state = return_state
+        y = y.to(x.dtype)
+        if return_state:
+            return y, hl
+        return y
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from lib.ssm import _scan_chunked  # lib.ssm imports this module lazily; no cycle at import
+
+        x, delta, A, B, C, D, h0 = ctx.saved_tensors
+        inputs = [t for t in (x, delta, A, B, C, D, h0)]
+        wants = [t is not None and need for t, need in zip(inputs, ctx.needs_input_grad[:7])]
+        leaves = [None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wants)]
+        with torch.enable_grad():
+            out = _scan_chunked(*leaves, ctx.return_state)
+        outs = list(out) if ctx.return_state else [out]
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+        wanted = [leaf for leaf, w in zip(leaves, wants) if w]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                   if pairs and wanted else [])
+        result = [next(got) if w else None for w in wants]
+        return (*result, None)
+
+
+def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                          D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None,
+                          return_state: bool = False):
+    """The selective scan by one fused Triton kernel: the same arguments and result as
+    `lib.ssm.selective_scan_ref` (up to fp32 rounding), differentiable.
+
+    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; h0 (B, D, N) or None
+    -> y (B, L, D) in x's dtype, and with `return_state` also the final state (B, D, N) in fp32.
+    Computes in fp32: float16/bfloat16 inputs are read as fp32; float64 inputs are refused (use
+    `lib.ssm.selective_scan`, which computes in fp64 when given fp64). On CUDA tensors the kernel
+    is compiled; on CPU tensors it runs in Triton's interpreter (TRITON_INTERPRET=1).
+    """
+    from lib.ssm import _check_scan_inputs  # lib.ssm imports this module lazily; no cycle at import
+
+    _check_scan_inputs(x, delta, A, B, C, D, h0)
+    if not isinstance(return_state, bool):
+        raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
+    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("h0", h0)):
+        if t is not None and t.dtype == torch.float64:
+            raise TypeError(f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
+                            "use lib.ssm.selective_scan, which computes in fp64 when given fp64")
+    if triton is None:
+        raise RuntimeError("selective_scan_triton needs the `triton` package (pip install triton); "
+                           "use lib.ssm.selective_scan without it")
+    if _triton_mixed_modes():
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the interpreter cannot run "
+                           "this kernel. Restart the Python kernel and import lib before importing triton")
+    mode = kernel_mode()
+    if mode == "interpreter" and x.device.type != "cpu":
+        raise ValueError(f"the Triton interpreter runs on CPU tensors, got device {x.device}")
+    if mode == "compiled" and x.device.type != "cuda":
+        raise RuntimeError(f"selective_scan_triton got tensors on {x.device} but the kernel is compiled for CUDA "
+                           "only. To run it on the CPU, set TRITON_INTERPRET=1 before importing lib; or use "
+                           "lib.ssm.selective_scan")
+    if mode == "unavailable":
+        raise RuntimeError("the Triton kernels are unavailable here (no CUDA GPU and TRITON_INTERPRET is not 1): "
+                           "set TRITON_INTERPRET=1 before importing lib, or use lib.ssm.selective_scan")
+    return _SelectiveScan.apply(x, delta, A, B, C, D, h0, return_state)
