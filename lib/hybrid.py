@@ -20,7 +20,7 @@ import torch
 
 from lib._checks import require_int
 from lib.gpt import GPT, Block, GPTConfig
-from lib.kv_cache import KVCache, bytes_per_element, kv_cache_bytes
+from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
 from lib.ssm import MambaConfig, MambaLM, MambaMixer, MixerCache, state_bytes
 
 __all__ = ["HybridGPT", "decode_state_bytes"]
@@ -92,14 +92,6 @@ class HybridGPT(GPT):
         return f"pattern={self.pattern!r} ({', '.join(LAYER_KINDS[k] for k in self.pattern)})"
 
 
-def _bytes_per_elem(dtype) -> float:
-    if isinstance(dtype, torch.dtype):
-        return torch.empty((), dtype=dtype).element_size()
-    if isinstance(dtype, str):
-        return bytes_per_element(dtype)
-    raise TypeError(f"dtype must be a torch.dtype or a name like 'fp16', got {type(dtype).__name__}")
-
-
 def decode_state_bytes(model, batch: int, seq_len: int, dtype: torch.dtype | str = torch.float32) -> int:
     """Bytes a decoder carries between tokens after reading seq_len tokens, for batch sequences:
 
@@ -111,7 +103,7 @@ def decode_state_bytes(model, batch: int, seq_len: int, dtype: torch.dtype | str
     """
     require_int("batch", batch, minimum=1)
     require_int("seq_len", seq_len, minimum=1)
-    bpe = _bytes_per_elem(dtype)
+    bpe = dtype_bytes(dtype)
     if isinstance(model, MambaLM):
         return state_bytes(model, batch, dtype)
     if isinstance(model, HybridGPT):

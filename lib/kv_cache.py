@@ -51,6 +51,7 @@ __all__ = [
     "ModelShape",
     "PUBLIC_CONFIGS",
     "bytes_per_element",
+    "dtype_bytes",
     "estimate_params",
     "format_bytes",
     "gpu_memory_bytes",
@@ -83,6 +84,12 @@ class KVCache(nn.Module):
     @property
     def batch_size(self) -> int:
         return self.k.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds allocated: keys and values for max_len positions (it is preallocated,
+        so this does not change as positions are written)."""
+        return self.k.nbytes + self.v.nbytes
 
     def reset(self) -> None:
         self.length = 0  # stale values past `length` are never read, so no need to zero them
@@ -154,6 +161,15 @@ def bytes_per_element(dtype_name: str) -> float:
     if dtype_name not in DTYPE_BYTES:
         raise ValueError(f"dtype_name must be one of {list(DTYPE_BYTES)}, got {dtype_name!r}")
     return float(DTYPE_BYTES[dtype_name])
+
+
+def dtype_bytes(dtype) -> float:
+    """Bytes per element of a torch.dtype (torch.float16 -> 2) or of a DTYPE_BYTES name ("int4" -> 0.5)."""
+    if isinstance(dtype, torch.dtype):
+        return float(torch.empty((), dtype=dtype).element_size())
+    if isinstance(dtype, str):
+        return bytes_per_element(dtype)
+    raise TypeError(f"dtype must be a torch.dtype or a name like 'fp16', got {type(dtype).__name__}")
 
 
 def gpu_memory_bytes(gpu: str) -> int:

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from lib._checks import require_int, require_rank, require_tensor, require_token_ids
 from lib.gpt import _check_targets
-from lib.kv_cache import bytes_per_element
+from lib.kv_cache import dtype_bytes
 from lib.sampling import _check_knobs, sample_next_token
 
 __all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "MixerCache", "SCANS", "SelectiveSSM",
@@ -92,7 +92,7 @@ def _check_scan_inputs(x, delta, A, B, C, D, h0) -> None:
         raise ValueError("A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; "
                          f"A >= 0 makes the state grow without bound (got max {A.max().item():.4g}). "
                          "Mamba stores A = -exp(A_log).")
-    if not bool((delta >= 0).all()):  # NaN fails too
+    if not bool(delta.min() >= 0):  # one reduction, no boolean copy; NaN fails too (min is NaN)
         raise ValueError(f"delta must be >= 0: it is a step size Δ (Mamba makes it positive with softplus), "
                          f"got min {delta.min().item():.4g}")
 
@@ -240,8 +240,11 @@ def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None):
     # The state is held as (N, D), D innermost: reading y_t = C_t · h_t is then a (1, N) @ (N, D)
     # matmul, several times faster on a CPU than a product and a sum over a short innermost N.
     At = A.t()  # (N, D)
-    A_bar = (delta_p.unsqueeze(-2) * At).exp_()  # (Lc, B, nc, 1, D) * (N, D) -> (Lc, B, nc, N, D)
-    a = A_bar.unbind(0)  # Lc x (B, nc, N, D)
+    # Ā_t = exp(Δ_t A), (B, nc, N, D) per position, made inside pass 1 where it is first used: a
+    # slice that fits in the CPU's cache is written, exponentiated and read there, instead of one
+    # (Lc, B, nc, N, D) tensor streamed through main memory twice first. Pass 3 reads the list.
+    deltas = delta_p.unsqueeze(-2).unbind(0)  # Lc x (B, nc, 1, D)
+    a = []
     # B̄_t x_t = B_t ⊗ (Δ_t x_t) is formed inside each step from its two small factors, not stored
     # for all positions: the loops are memory-bound, and reading one fewer (B, L, N, D) tensor twice
     # saves more than the step's extra multiply costs.
@@ -249,7 +252,9 @@ def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None):
     # Lc x (B, nc, N, 1), (B, nc, 1, D), (B, nc, 1, N)
 
     h = Bs[0] * us[0]  # 1. every chunk's own final state, from zero: (B, nc, N, D)
+    a.append((deltas[0] * At).exp_())  # (B, nc, 1, D) * (N, D) -> (B, nc, N, D)
     for t in range(1, lc):
+        a.append((deltas[t] * At).exp_())
         h = torch.addcmul(a[t] * h, Bs[t], us[t])  # (B, nc, N, D): Ā_t ⊙ h + B_t ⊗ Δ_t x_t
     chunk_decay = torch.exp(delta_p.sum(0).unsqueeze(-2) * At)  # (B, nc, 1, D) * (N, D) -> (B, nc, N, D), <= 1
 
@@ -777,12 +782,7 @@ def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch
     else:
         raise TypeError(f"model_or_config must be a MambaLM or a MambaConfig, got {type(model_or_config).__name__}")
     require_int("batch", batch, minimum=1)
-    if isinstance(dtype, torch.dtype):
-        bpe = torch.empty((), dtype=dtype).element_size()
-    elif isinstance(dtype, str):
-        bpe = bytes_per_element(dtype)
-    else:
-        raise TypeError(f"dtype must be a torch.dtype or a name like 'fp16', got {type(dtype).__name__}")
+    bpe = dtype_bytes(dtype)
     n_elems = config.n_layers * batch * config.d_inner * (config.d_conv - 1 + config.d_state)
     return math.ceil(n_elems * bpe)
 

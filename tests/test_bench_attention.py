@@ -76,3 +76,37 @@ def test_peak_memory_of_naive_attention_grows_quadratically_and_chunked_stays_sm
         peak_rss_mib("flash", 64)
     with pytest.raises(ValueError, match="seq_len must be >= 1"):
         peak_rss_mib("naive", 0)
+
+
+def test_load_record_reads_committed_records_and_refuses_paths():
+    from lib.bench import BENCHMARKS, load_record
+
+    names = sorted(p.stem for p in BENCHMARKS.glob("*.json"))
+    assert names, "benchmarks/ holds the committed records"
+    for name in names:  # every committed record parses and says which machine and script made it
+        record = load_record(name)
+        assert isinstance(record, dict) and record.get("generated_by"), name
+        assert (record.get("device") or record.get("machine", {}).get("device")), name
+    assert load_record("no_such_record") is None
+    for bad in ("../README", "a/b", "", ".hidden", 3):
+        with pytest.raises(ValueError, match="name must be"):
+            load_record(bad)
+
+
+def test_committed_gpu_attention_record_is_consistent_with_its_own_flop_count():
+    # A GPU record is produced elsewhere (tools/gpu_checks.sh); its TFLOP/s must be its FLOP count
+    # over its time, by the convention this module states, and stay below the card's peak.
+    from lib.bench import load_record
+
+    record = load_record("attention_gpu")
+    if record is None:
+        pytest.skip("no GPU record committed")
+    peak = next((v["flops"] for k, v in PUBLISHED_PEAKS.items() if k.split()[0] in record["device"]), None)
+    layers = 12
+    for row in record["rows"]:
+        if "error" in row:
+            continue
+        flops = layers * attention_flops(1, 12, row["seq_len"], 64, causal=True, backward=False)
+        assert row["fwd_tflops"] == pytest.approx(flops / (row["fwd_ms"] / 1e3) / 1e12, rel=0.01)
+        if peak:
+            assert row["fwd_tflops"] * 1e12 < peak and row["fwd_bwd_tflops"] * 1e12 < peak

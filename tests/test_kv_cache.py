@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lib.kv_cache import (
     DTYPE_BYTES,
+    dtype_bytes,
     GB,
     GIB,
     GPU_MEMORY_GB,
@@ -36,7 +37,9 @@ SHAPES = [  # (n_layers, batch, seq_len, n_kv_heads, head_dim)
 def real_cache_bytes(n_layers, batch, seq_len, n_kv_heads, head_dim, dtype) -> int:
     """Bytes held by one lib KVCache per layer, as a decoder would build them."""
     caches = [KVCache(batch, n_kv_heads, seq_len, head_dim, dtype=dtype) for _ in range(n_layers)]
-    return sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in caches)
+    held = sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in caches)
+    assert sum(c.nbytes for c in caches) == held  # the cache's own count agrees
+    return held
 
 
 @pytest.mark.parametrize("name", list(TORCH_DTYPES))
@@ -45,6 +48,16 @@ def test_formula_equals_the_bytes_of_real_cache_tensors(shape, name):
     expected = real_cache_bytes(*shape, TORCH_DTYPES[name])
     assert kv_cache_bytes(*shape, bytes_per_element(name)) == expected
     assert kv_cache_bytes(*shape, DTYPE_BYTES[name]) == expected
+
+
+def test_dtype_bytes_takes_a_torch_dtype_or_a_name():
+    for name, dtype in TORCH_DTYPES.items():
+        assert dtype_bytes(dtype) == dtype_bytes(name) == bytes_per_element(name)
+    assert dtype_bytes("int4") == 0.5
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype or a name"):
+        dtype_bytes(2)
+    with pytest.raises(ValueError, match="must be one of"):
+        dtype_bytes("fp12")
 
 
 def test_dtype_table_matches_torch_element_sizes():

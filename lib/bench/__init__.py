@@ -1,9 +1,23 @@
 """Benchmark commands (`python -m lib.bench.attention`). Records, not tests: timings depend on the machine."""
 
+import json
 import platform
 from pathlib import Path
 
-__all__ = ["cpu_name"]
+__all__ = ["BENCHMARKS", "cpu_name", "load_record"]
+
+# The committed benchmark records (generated JSON files; tools/gpu_checks.sh writes the GPU ones).
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_record(name: str) -> dict | None:
+    """The committed record benchmarks/<name>.json (e.g. "attention_gpu"), or None if absent.
+
+    Lessons read records through this, so a notebook finds them from any folder it runs in."""
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"name must be a record's file name without .json, like 'attention_gpu', got {name!r}")
+    path = BENCHMARKS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def cpu_name() -> str:
