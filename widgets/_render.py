@@ -44,6 +44,9 @@ class StableHtmlRenderer(MimetypeRenderer):
             validate=False,
             default_width="100%",
             config={"displaylogo": False, "responsive": True},
+            # An animated figure waits for its ▶ button (or the keyboard) instead of playing on
+            # load: nothing on a page moves unless the reader asks (WCAG 2.2.2, pause/stop/hide).
+            auto_play=False,
         )
         return {"text/html": html}
 

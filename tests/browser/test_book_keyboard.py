@@ -48,19 +48,22 @@ def test_animation_plays_and_steps_from_the_keyboard(book_server, page_with_log)
     page, log = open_page(book_server, page_with_log, ANIMATED_PAGE)
     figure = page.locator(".js-plotly-plot").filter(has=page.locator("g.slider-group[role=slider]")).first
     gd = figure.element_handle(timeout=30_000)
-    page.wait_for_function(STILL, arg=gd, timeout=30_000)  # the page plays the animation once on load
+    at_load = gd.evaluate(SHOWN)
+    page.wait_for_timeout(1_500)  # longer than a frame: an animation that started on load would have moved
+    still = gd.evaluate(SHOWN)
+    assert still["active"] == at_load["active"] and still["showsFrame"], "the animation moved without being asked"
+    assert not gd.evaluate("gd => !!gd._transitionData._animationRaf")
 
     play = figure.locator("g.updatemenu-button").first.element_handle()
     assert play.evaluate("el => [el.getAttribute('role'), el.getAttribute('tabindex'), el.getAttribute('aria-label')]") \
         == ["button", "0", "Play animation"]
     tab_to(page, play)
-    page.wait_for_function(STILL, arg=gd, timeout=30_000)  # in case the first play began late
     before = gd.evaluate(SHOWN)
-    assert before["valuenow"] == str(before["last"] + 1) and before["showsFrame"]
-    page.keyboard.press("Enter")  # plays from the first frame: the slider leaves its last step
-    page.wait_for_function("gd => gd.querySelector('g.slider-group').getAttribute('aria-valuenow') !== "
-                           f"'{before['valuenow']}'", arg=gd, timeout=10_000)
-    page.wait_for_function(STILL, arg=gd, timeout=30_000)
+    assert before["valuenow"] == str(before["active"] + 1)
+    page.keyboard.press("Enter")  # plays from the first frame: the slider leaves the step it showed
+    page.wait_for_function(f"gd => gd._fullLayout.sliders[0].active !== {before['active']}", arg=gd, timeout=10_000)
+    page.wait_for_function(STILL, arg=gd, timeout=30_000)  # and plays through to the last step
+    assert gd.evaluate(SHOWN)["showsFrame"]
 
     slider = figure.locator("g.slider-group").first.element_handle()
     tab_to(page, slider, "Shift+Tab", limit=3)  # plotly draws the slider just before the buttons
