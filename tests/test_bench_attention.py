@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lib.bench.attention import (PUBLISHED_PEAKS, attention_flops, flash_traffic, main, markdown, naive_traffic,
-                                 roofline_ms, run)
+                                 published_card, roofline_ms, run)
 from lib.bench.memory import peak_rss_mib, peak_rss_table
 from lib.kernels import count_visited_tiles
 
@@ -93,6 +93,16 @@ def test_load_record_reads_committed_records_and_refuses_paths():
             load_record(bad)
 
 
+def test_published_card_matches_model_numbers_not_brands():
+    assert published_card("NVIDIA H200") == "H200 SXM"
+    assert published_card("NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert published_card("NVIDIA GeForce RTX 4090") == "RTX 4090"
+    assert published_card("NVIDIA GeForce RTX 3090") is None  # same brand, another card
+    assert published_card("AMD EPYC") is None
+    with pytest.raises(TypeError, match="device_name must be a str"):
+        published_card(None)
+
+
 def test_committed_gpu_attention_record_is_consistent_with_its_own_flop_count():
     # A GPU record is produced elsewhere (tools/gpu_checks.sh); its TFLOP/s must be its FLOP count
     # over its time, by the convention this module states, and stay below the card's peak.
@@ -101,7 +111,8 @@ def test_committed_gpu_attention_record_is_consistent_with_its_own_flop_count():
     record = load_record("attention_gpu")
     if record is None:
         pytest.skip("no GPU record committed")
-    peak = next((v["flops"] for k, v in PUBLISHED_PEAKS.items() if k.split()[0] in record["device"]), None)
+    card = published_card(record["device"])
+    peak = PUBLISHED_PEAKS[card]["flops"] if card else None
     layers = 12
     for row in record["rows"]:
         if "error" in row:

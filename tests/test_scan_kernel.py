@@ -11,6 +11,7 @@ compiled on CUDA tensors, plus one long sequence.
 import pytest
 import torch
 
+import lib.kernels.flash as flash
 from lib.kernels import kernel_mode
 from lib.kernels.scan import selective_scan_triton
 from lib.ssm import MambaConfig, MambaLM, selective_scan, selective_scan_ref
@@ -141,14 +142,20 @@ def test_bad_input_is_refused_clearly(change, error, words):
 
 
 @needs_kernels
-def test_tensors_on_the_wrong_device_for_the_mode_are_refused():
+def test_tensors_the_compiled_kernel_cannot_reach_are_refused(monkeypatch):
+    # Compiled kernels read CUDA memory only: CPU tensors must be refused with the way out, not
+    # handed to a launch. Here the compiled mode is simulated where the interpreter runs.
+    monkeypatch.setattr(flash, "kernel_mode", lambda: "compiled")
     x, dl, A, B, C, D, _ = scan_inputs(1, 5, 3, 2, seed=19)
-    if ON_GPU:
-        with pytest.raises(RuntimeError, match="compiled for CUDA"):
-            selective_scan_triton(x, dl, A, B, C)
-    else:
-        with pytest.raises(ValueError, match="must share one device"):
-            selective_scan_triton(x.to("meta"), dl, A, B, C)
+    with pytest.raises(RuntimeError, match=r"compiled for CUDA only.*TRITON_INTERPRET=1.*lib\.ssm\.selective_scan"):
+        selective_scan_triton(x, dl, A, B, C, D)
+
+
+def test_without_triton_the_error_names_the_package_and_the_fallback(monkeypatch):
+    monkeypatch.setattr(flash, "triton", None)
+    x, dl, A, B, C, D, _ = scan_inputs(1, 5, 3, 2, seed=19)
+    with pytest.raises(RuntimeError, match=r"needs the `triton` package.*lib\.ssm\.selective_scan"):
+        selective_scan_triton(x, dl, A, B, C, D)
 
 
 @pytest.mark.gpu

@@ -50,6 +50,21 @@ PUBLISHED_PEAKS = {
     "RTX 4090": {"flops": 165e12, "bandwidth": 1.008e12},
 }
 
+
+
+def published_card(device_name: str) -> str | None:
+    """The PUBLISHED_PEAKS key for a device name as torch reports it ("NVIDIA H200" -> "H200 SXM",
+    "NVIDIA GeForce RTX 4090" -> "RTX 4090"), matched on the card's model number; None if none."""
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str like 'NVIDIA H200', got {type(device_name).__name__}")
+    words = set(device_name.replace("-", " ").split())
+    for card in PUBLISHED_PEAKS:
+        model = next(w for w in card.split() if any(ch.isdigit() for ch in w))  # "H100", "4090"
+        if model in words:
+            return card
+    return None
+
+
 # Forward TFLOP/s (non-causal, causal) on an H100 SXM, head dim 128, FP16, as read from the
 # FlashAttention-3 repository's figure assets/flash3_fp16_fwd.png (Shah et al. 2024, arXiv
 # 2407.08608), collected in SOURCES.md. A source's claim, not measured here.

@@ -15,6 +15,7 @@ from lib.kernels.flash import (
     flash_attention,
     kernel_mode,
     key_block_bounds,
+    require_kernel_device,
     visited_blocks,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "flash_attention",
     "kernel_mode",
     "key_block_bounds",
+    "require_kernel_device",
     "visited_blocks",
 ]

@@ -57,6 +57,7 @@ __all__ = [
     "flash_attention",
     "kernel_mode",
     "key_block_bounds",
+    "require_kernel_device",
     "visited_blocks",
 ]
 
@@ -293,6 +294,28 @@ def kernel_mode() -> str:
     return "compiled" if torch.cuda.is_available() else "unavailable"
 
 
+def require_kernel_device(device: torch.device, caller: str, fallback: str) -> str:
+    """The kernel mode ("compiled" or "interpreter"), once it is sure a kernel can run here on
+    tensors on `device`; otherwise an error that says why and what to do. `caller` names the
+    public function, `fallback` the PyTorch path to use instead. Shared by every kernel in lib.kernels."""
+    if triton is None:
+        raise RuntimeError(f"{caller} needs the `triton` package (pip install triton); use {fallback} without it")
+    if _triton_mixed_modes():
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the interpreter cannot run "
+                           "these kernels. Restart the Python kernel and import lib (or lib.kernels) before "
+                           "importing triton, or start Python with TRITON_INTERPRET=1 in the environment")
+    mode = kernel_mode()
+    if mode == "interpreter":
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"the Triton interpreter runs on CPU tensors, got device {device}")
+    elif device.type != "cuda":
+        raise RuntimeError(f"{caller} got tensors on {device} but the kernels are compiled for CUDA only. "
+                           "To run them on the CPU, set the environment variable TRITON_INTERPRET=1 before "
+                           "importing lib.kernels (e.g. os.environ['TRITON_INTERPRET'] = '1' in the first cell), "
+                           f"or use {fallback}")
+    return mode
+
+
 def default_block_sizes(D: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) the launcher uses for head dim D in the current mode."""
     if kernel_mode() == "interpreter":
@@ -333,24 +356,10 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
             or sm_scale <= 0:
         raise ValueError(f"sm_scale must be a positive finite number or None (meaning 1/sqrt(D)), got {sm_scale!r}")
 
-    mode = kernel_mode()
-    if _triton_mixed_modes():
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the interpreter cannot run "
-                           "these kernels. Restart the Python kernel and import lib (or lib.kernels) before "
-                           "importing triton, or start Python with TRITON_INTERPRET=1 in the environment")
-    if triton is None:
-        raise RuntimeError("flash_attention needs the `triton` package (pip install triton); "
-                           "use lib.attention.attention(..., backend='sdpa') without it")
-    if mode == "interpreter":
-        if q.dtype == torch.bfloat16:
-            raise ValueError("bfloat16 is refused under the Triton interpreter: its bf16 tl.dot gives silently "
-                             "wrong results (errors ~1e10). Use float32 or float16 on the CPU, bfloat16 on a GPU")
-        if q.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"the Triton interpreter runs on CPU tensors, got device {q.device}")
-    elif q.device.type != "cuda":
-        raise RuntimeError(f"flash_attention got tensors on {q.device} but the kernels are compiled for CUDA only. "
-                           "To run them on the CPU, set the environment variable TRITON_INTERPRET=1 before "
-                           "importing lib.kernels (e.g. os.environ['TRITON_INTERPRET'] = '1' in the first cell)")
+    mode = require_kernel_device(q.device, "flash_attention", "lib.attention.attention(..., backend='sdpa')")
+    if mode == "interpreter" and q.dtype == torch.bfloat16:
+        raise ValueError("bfloat16 is refused under the Triton interpreter: its bf16 tl.dot gives silently "
+                         "wrong results (errors ~1e10). Use float32 or float16 on the CPU, bfloat16 on a GPU")
     return float(sm_scale)
 
 

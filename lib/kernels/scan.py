@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from lib.kernels.flash import _triton_mixed_modes, kernel_mode, tl, triton
+from lib.kernels.flash import require_kernel_device, tl, triton
 
 __all__ = ["selective_scan_triton"]
 
@@ -94,6 +94,7 @@ def _launch(x, delta, A, B, C, D, h0, return_state: bool):
     f32 = [None if t is None else t.to(torch.float32).contiguous() for t in (x, delta, A, B, C, D, h0)]
     x32, dt32, a32, b32, c32, d32, h032 = f32
     y = torch.empty_like(x32)
+    # without return_state the kernel never writes HL (STORE_STATE is off): y stands in for the pointer
     hl = torch.empty(b, d, n, device=x.device, dtype=torch.float32) if return_state else y
     block_d, block_n = _block_sizes(d, n)
     grid = (b, triton.cdiv(d, block_d))
@@ -119,8 +120,7 @@ class _SelectiveScan(torch.autograd.Function):
     def backward(ctx, *grads):
         from lib.ssm import _scan_chunked  # lib.ssm imports this module lazily; no cycle at import
 
-        x, delta, A, B, C, D, h0 = ctx.saved_tensors
-        inputs = [t for t in (x, delta, A, B, C, D, h0)]
+        inputs = ctx.saved_tensors  # x, delta, A, B, C, D, h0 (None where not given)
         wants = [t is not None and need for t, need in zip(inputs, ctx.needs_input_grad[:7])]
         leaves = [None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wants)]
         with torch.enable_grad():
@@ -155,20 +155,5 @@ def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
         if t is not None and t.dtype == torch.float64:
             raise TypeError(f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
                             "use lib.ssm.selective_scan, which computes in fp64 when given fp64")
-    if triton is None:
-        raise RuntimeError("selective_scan_triton needs the `triton` package (pip install triton); "
-                           "use lib.ssm.selective_scan without it")
-    if _triton_mixed_modes():
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the interpreter cannot run "
-                           "this kernel. Restart the Python kernel and import lib before importing triton")
-    mode = kernel_mode()
-    if mode == "interpreter" and x.device.type != "cpu":
-        raise ValueError(f"the Triton interpreter runs on CPU tensors, got device {x.device}")
-    if mode == "compiled" and x.device.type != "cuda":
-        raise RuntimeError(f"selective_scan_triton got tensors on {x.device} but the kernel is compiled for CUDA "
-                           "only. To run it on the CPU, set TRITON_INTERPRET=1 before importing lib; or use "
-                           "lib.ssm.selective_scan")
-    if mode == "unavailable":
-        raise RuntimeError("the Triton kernels are unavailable here (no CUDA GPU and TRITON_INTERPRET is not 1): "
-                           "set TRITON_INTERPRET=1 before importing lib, or use lib.ssm.selective_scan")
+    require_kernel_device(x.device, "selective_scan_triton", "lib.ssm.selective_scan")
     return _SelectiveScan.apply(x, delta, A, B, C, D, h0, return_state)
