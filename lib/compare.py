@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -213,7 +214,7 @@ def forward_flops(model: torch.nn.Module, T: int, batch: int = 1) -> int:
     require_int("batch", batch, minimum=1)
     _vocab_size(model)  # a course model, or a clear error
     idx = torch.zeros(batch, T, dtype=torch.long)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), _scans_out_of_sight(model), FlopCounterMode(display=False) as counter:
         model(idx)
     counted = counter.get_flop_counts().get("Global", {})
     sdpa = sum(n for op, n in counted.items() if "scaled_dot_product" in str(op))
@@ -221,6 +222,27 @@ def forward_flops(model: torch.nn.Module, T: int, batch: int = 1) -> int:
                     if isinstance(m, CausalSelfAttention) and m.backend in ("auto", "sdpa"))  # others: plain matmuls, counted
     scan = sum(8 * batch * T * m.A_log.shape[0] * m.A_log.shape[1] for m in model.modules() if isinstance(m, SelectiveSSM))
     return int(counter.get_total_flops()) - sdpa + attention + scan
+
+
+@contextmanager
+def _scans_out_of_sight(model: torch.nn.Module):
+    """Run the model's selective scans, for the length of the block, with an implementation whose
+    work the FLOP counter does not see (the fused C loop, or where it did not compile the per-step
+    reference: elementwise operations only), so that `forward_flops` adds the scan once, by its
+    formula, on every machine. (The chunked scan reads C·h with a batched matmul, which the counter
+    would count on top of the formula.)"""
+    from lib.kernels.scan_cpu import cpu_kernel_available
+
+    ssms = [m for m in model.modules() if isinstance(m, SelectiveSSM)]
+    saved = [m.scan for m in ssms]
+    impl = "cpu" if cpu_kernel_available() else "ref"
+    for m in ssms:
+        m.scan = impl
+    try:
+        yield
+    finally:
+        for m, scan in zip(ssms, saved):
+            m.scan = scan
 
 
 def _vocab_size(model) -> int:

@@ -32,6 +32,7 @@ class Capabilities:
     cuda_memory_gib: float | None
     mps: bool
     triton_mode: str  # "compiled", "interpreter", "unavailable"
+    cpu_scan: str = "not checked"  # lib.kernels.scan_cpu.cpu_kernel_status(): lesson 06's fused C loop
 
     @property
     def gpu(self) -> bool:
@@ -77,7 +78,15 @@ def capabilities() -> Capabilities:
         cuda_memory_gib=mem,
         mps=mps,
         triton_mode=triton_mode(),
+        cpu_scan=_cpu_scan_status(),
     )
+
+
+def _cpu_scan_status() -> str:
+    """Whether lesson 06's fused C scan compiled here (the first call builds it, ~1 s, then it is cached)."""
+    from lib.kernels.scan_cpu import cpu_kernel_status
+
+    return cpu_kernel_status()
 
 
 def report(caps: Capabilities | None = None, file=None) -> Capabilities:
@@ -97,6 +106,7 @@ def report(caps: Capabilities | None = None, file=None) -> Capabilities:
         f"  CUDA GPU: {gpu}",
         f"  Apple MPS: {'available (the lessons still use the CPU)' if caps.mps else 'no'}",
         f"  Triton: {triton}",
+        f"  C scan loop (lesson 06): {caps.cpu_scan}",
         "What each lesson does here:",
     ]
     for lesson in LESSONS:

@@ -11,13 +11,17 @@ the official `mamba_ssm/modules/mamba_simple.py` (and mamba-minimal's `model.py`
     LTI            with fixed Ā, B̄, C the recurrence is a convolution, y = K * x with
                    K_k = C · (Ā^k ⊙ B̄)  (`lti_kernel`, `ssm_convolution`)
 
-Three scans, equal up to rounding (tests/test_ssm.py asserts it, values and gradients):
+The scans, equal up to rounding (tests/test_ssm.py asserts it, values and gradients):
 
     selective_scan_ref   one Python step per position, fp32: the definition
-    selective_scan       chunked: a step per position *inside* a chunk, all chunks at once, then a
-                         short loop carrying the state across chunks (see its docstring; measured
-                         by tools/bench_ssm.py, benchmarks/ssm_cpu.json)
+    selective_scan       the front door. impl="chunked": a step per position *inside* a chunk, all
+                         chunks at once, then a short loop carrying the state across chunks (see its
+                         docstring); impl="cpu": the fused C loop below; impl="auto" (default): the
+                         C loop for CPU inputs when no gradient is needed and it compiled here, else
+                         chunked. Measured by tools/bench_ssm.py, benchmarks/ssm_cpu.json
     parallel_scan_ref    Hillis-Steele doubling with `scan_combine`, log2(L) steps (teaching)
+    "cpu"                `lib.kernels.scan_cpu.selective_scan_cpu`: one fused loop in C, the state
+                         kept in cache (compiled at first use; tests/test_scan_cpu.py)
     "triton"             `lib.kernels.scan.selective_scan_triton`: one fused kernel, the state kept
                          on chip (compiled on a GPU, Triton's interpreter on a CPU; tests/test_scan_kernel.py)
 
@@ -196,11 +200,22 @@ def default_chunk_size(L: int) -> int:
 
 def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                    D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False,
-                   chunk_size: int | None = None):
-    """The selective scan, chunked: the same result as `selective_scan_ref` (same arguments, same
-    returns) with about 2·Lc + L/Lc Python steps instead of L. Differentiable by autograd.
+                   chunk_size: int | None = None, impl: str = "auto"):
+    """The selective scan without a Python step per position: the same result as
+    `selective_scan_ref` (same arguments, same returns, up to rounding). Differentiable.
 
-    The sequence is cut into L/Lc chunks of Lc positions (the last padded with Δ = 0: Ā = 1 and
+    impl picks how:
+      "chunked"  the algorithm below, in PyTorch: about 2·Lc + L/Lc Python steps instead of L,
+                 any device, gradients by autograd;
+      "cpu"      `lib.kernels.scan_cpu.selective_scan_cpu`, one fused loop in C that keeps the
+                 state in cache (CPU tensors; its backward recomputes with the chunked scan);
+      "auto"     "cpu" when the tensors are on the CPU, no gradient is needed (under no_grad, or
+                 no input requires grad), no chunk_size is given and the C loop compiled here
+                 with vector exponentials (`lib.kernels.scan_cpu.cpu_kernel_status()` says how
+                 it was built, or why not);
+                 otherwise "chunked". Training therefore runs the chunked scan, inference the loop.
+
+    The chunked scan: the sequence is cut into L/Lc chunks of Lc positions (the last padded with Δ = 0: Ā = 1 and
     B̄x = 0, so the state passes through the padding unchanged). Then:
 
       1. each chunk's own final state, starting from zero: Lc steps, every chunk at once;
@@ -219,7 +234,72 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     _check_scan_inputs(x, delta, A, B, C, D, h0)
     if chunk_size is not None:
         require_int("chunk_size", chunk_size, minimum=1)
+    if impl not in SCAN_IMPLS:
+        raise ValueError(f"impl must be one of {SCAN_IMPLS}, got {impl!r}")
+    if impl == "cpu":
+        if chunk_size is not None:
+            raise ValueError("chunk_size is for impl='chunked' (the fused CPU loop has no chunks); leave it None")
+        return _selective_scan_cpu(x, delta, A, B, C, D, h0=h0, return_state=return_state)
+    if impl == "auto":
+        return _scan_auto(x, delta, A, B, C, D, h0, return_state, chunk_size)
     return _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size)
+
+
+SCAN_IMPLS = ("auto", "chunked", "cpu")
+
+
+def _uses_cpu_kernel(tensors, chunk_size) -> bool:
+    """selective_scan's impl="auto" rule: the fused C loop for CPU inputs needing no gradient."""
+    x = tensors[0]
+    if chunk_size is not None or x.device.type != "cpu" or _work_dtype(*tensors) not in (torch.float32, torch.float64):
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    from lib.kernels.scan_cpu import cpu_kernel_available  # imported on first use (it builds the C library)
+    return cpu_kernel_available(fast=True)
+
+
+def _scan_auto(x, delta, A, B, C, D, h0, return_state, chunk_size=None):
+    if _uses_cpu_kernel((x, delta, A, B, C, D, h0), chunk_size):
+        from lib.kernels.scan_cpu import _launch
+
+        y, h = _launch(x, delta, A, B, C, D, h0, return_state, torch.get_num_threads())
+        y = y.to(x.dtype)
+        return (y, h) if return_state else y
+    return _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size)
+
+
+class _FusedScan(torch.autograd.Function):
+    """A fused scan kernel's forward, with the chunked scan's gradients.
+
+    apply(launch, x, delta, A, B, C, D, h0, return_state): `launch` (a kernel's launcher) returns
+    y with the skip added and the final state (or None). The backward does not store or replay the
+    kernel: it recomputes the forward with the chunked PyTorch scan under autograd and returns its
+    gradients, as the official Mamba kernel recomputes instead of storing the states. Used by
+    lib.kernels.scan (Triton) and lib.kernels.scan_cpu (C).
+    """
+
+    @staticmethod
+    def forward(ctx, launch, x, delta, A, B, C, D, h0, return_state):
+        y, hl = launch(x, delta, A, B, C, D, h0, return_state)
+        ctx.save_for_backward(x, delta, A, B, C, D, h0)
+        ctx.return_state = return_state
+        y = y.to(x.dtype)
+        return (y, hl) if return_state else y
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = ctx.saved_tensors  # x, delta, A, B, C, D, h0 (None where not given)
+        wants = [t is not None and need for t, need in zip(inputs, ctx.needs_input_grad[1:8])]
+        leaves = [None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wants)]
+        with torch.enable_grad():
+            out = _scan_chunked(*leaves, ctx.return_state)
+        outs = list(out) if ctx.return_state else [out]
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+        wanted = [leaf for leaf, w in zip(leaves, wants) if w]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                   if pairs and wanted else [])
+        return (None, *[next(got) if w else None for w in wants], None)
 
 
 def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None):
@@ -314,9 +394,25 @@ def _scan_triton(x, delta, A, B, C, D, h0, return_state):
     return _selective_scan_triton(x, delta, A, B, C, D, h0=h0, return_state=return_state)
 
 
-SCANS: dict[str, Callable] = {"chunked": selective_scan, "ref": selective_scan_ref, "parallel": parallel_scan_ref,
-                              "triton": _selective_scan_triton}
-_SCANS_UNCHECKED = {"chunked": _scan_chunked, "ref": _scan_ref, "parallel": _scan_parallel, "triton": _scan_triton}
+def _selective_scan_cpu(*args, **kwargs):
+    """lib.kernels.scan_cpu.selective_scan_cpu, imported on first use (it builds the C library)."""
+    from lib.kernels.scan_cpu import selective_scan_cpu
+    return selective_scan_cpu(*args, **kwargs)
+
+
+def _scan_cpu(x, delta, A, B, C, D, h0, return_state):
+    return _selective_scan_cpu(x, delta, A, B, C, D, h0=h0, return_state=return_state)
+
+
+def _chunked_scan(*args, **kwargs):
+    """selective_scan with impl="chunked": the chunked PyTorch scan, whatever the inputs."""
+    return selective_scan(*args, **kwargs, impl="chunked")
+
+
+SCANS: dict[str, Callable] = {"auto": selective_scan, "chunked": _chunked_scan, "cpu": _selective_scan_cpu,
+                              "ref": selective_scan_ref, "parallel": parallel_scan_ref, "triton": _selective_scan_triton}
+_SCANS_UNCHECKED = {"auto": _scan_auto, "chunked": _scan_chunked, "cpu": _scan_cpu, "ref": _scan_ref,
+                    "parallel": _scan_parallel, "triton": _scan_triton}
 
 
 # --------------------------------------------------------------------------- LTI: a convolution
@@ -382,7 +478,7 @@ class MambaConfig:
     expand: int = 2  # d_inner = expand · d_model, the channels D the scan runs over
     dt_rank: int | str = "auto"  # R; "auto" = ceil(d_model / 16) as in Mamba (an int after __post_init__)
     selective: bool = True  # False: Δ, B, C fixed parameters (LTI, S4D-like) instead of functions of x
-    scan: str = "chunked"  # "chunked", "ref", "parallel" or "triton" (the fused kernel; SCANS)
+    scan: str = "auto"  # "auto", "chunked", "cpu", "ref", "parallel" or "triton" (SCANS; "auto" as selective_scan)
     chunk_size: int | None = None  # None: default_chunk_size(L)
     norm: str = "rms"  # "rms" (RMSNorm, as Mamba) or "layer" (LayerNorm)
     norm_eps: float = 1e-5
@@ -469,8 +565,8 @@ class SelectiveSSM(nn.Module):
     def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, L, D), h0 (B, D, N) or None -> y (B, L, D), h_L (B, D, N)."""
         delta, A, B, C = self.ssm_params(x)
-        if self.scan == "chunked":
-            return _scan_chunked(x, delta, A, B, C, self.D, h0, True, self.chunk_size)
+        if self.scan in ("auto", "chunked"):  # chunk_size applies to these two (with it, "auto" is chunked)
+            return _SCANS_UNCHECKED[self.scan](x, delta, A, B, C, self.D, h0, True, self.chunk_size)
         return _SCANS_UNCHECKED[self.scan](x, delta, A, B, C, self.D, h0, True)
 
     def step(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from lib.compare import (ARCHITECTURES, SETTINGS, MixedTask, active_parameters, 
 from lib.gpt import GPT, GPTConfig
 from lib.gpt import forward_flops as gpt_formula
 from lib.tasks import AssociativeRecall, SelectiveCopying
+from lib.ssm import SelectiveSSM
 
 TINY = dataclasses.replace(SETTINGS["default"], name="tiny", d_model=32, recall_steps=3, copy_steps=2,
                            recall_train_pairs=(1, 2), recall_eval_pairs=(1, 3), copy_train_blanks=(2,),
@@ -51,6 +52,17 @@ def test_flop_count_equals_the_gpt_formula_and_is_linear_for_mamba():
         f = [forward_flops(models[name], T) for T in (8, 16, 32)]
         assert f[1] == 2 * f[0] and f[2] == 2 * f[1]  # every term is linear in T
     assert scaling_exponent((8, 16), [forward_flops(models["Mamba"], T) for T in (8, 16)]) == pytest.approx(1.0)
+    # the scan is counted once, by its formula, whichever implementation the model runs (the chunked one
+    # reads C·h with a matmul the counter would also see), and the model's own choice is left as it was
+    mamba = models["Mamba"]
+    counts = {}
+    for scan in ("chunked", "ref", "auto"):
+        for m in mamba.modules():
+            if isinstance(m, SelectiveSSM):
+                m.scan = scan
+        counts[scan] = forward_flops(mamba, 24)
+        assert all(m.scan == scan for m in mamba.modules() if isinstance(m, SelectiveSSM))
+    assert len(set(counts.values())) == 1, counts
     with pytest.raises(TypeError, match="model must be a lib.gpt.GPT"):
         forward_flops(torch.nn.Linear(2, 2), 4)
 

@@ -4,6 +4,7 @@ parallel forward with a constant-size state, bad inputs are refused clearly, and
 trains."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -62,7 +63,7 @@ def assert_close32(actual, expected):
 def test_chunked_scan_matches_reference_in_fp32(L, x_sign):
     x, delta, A, B, C, D, _ = scan_inputs(2, L, 4 if L < 4096 else 8, 4, seed=L, x_sign=x_sign)
     y_ref = selective_scan_ref(x, delta, A, B, C, D)
-    y = selective_scan(x, delta, A, B, C, D)
+    y = selective_scan(x, delta, A, B, C, D, impl="chunked")  # the fused CPU loop: tests/test_scan_cpu.py
     assert y.shape == (2, L, x.shape[2]) and y.dtype == torch.float32
     assert_close32(y, y_ref)
 
@@ -72,7 +73,7 @@ def test_chunked_scan_is_the_reference_algebra_in_fp64(L, chunk):
     """Any chunk size, L a multiple of it or not, with a start state: the same y and final state."""
     x, delta, A, B, C, D, h0 = scan_inputs(2, L, 3, 5, seed=1, dtype=torch.float64)
     y_ref, h_ref = selective_scan_ref(x, delta, A, B, C, D, h0=h0, return_state=True)
-    y, h = selective_scan(x, delta, A, B, C, D, h0=h0, return_state=True, chunk_size=chunk)
+    y, h = selective_scan(x, delta, A, B, C, D, h0=h0, return_state=True, chunk_size=chunk, impl="chunked")
     torch.testing.assert_close(y, y_ref, rtol=TOL64, atol=TOL64)
     torch.testing.assert_close(h, h_ref, rtol=TOL64, atol=TOL64)
 
@@ -90,8 +91,9 @@ def test_parallel_scan_matches_reference(L):
 
 def test_scan_without_skip_and_default_chunk_size():
     x, delta, A, B, C, _, _ = scan_inputs(1, 300, 2, 2, seed=3, dtype=torch.float64)
-    torch.testing.assert_close(selective_scan(x, delta, A, B, C), selective_scan_ref(x, delta, A, B, C),
-                               rtol=TOL64, atol=TOL64)
+    for impl in ("chunked", "auto"):
+        torch.testing.assert_close(selective_scan(x, delta, A, B, C, impl=impl), selective_scan_ref(x, delta, A, B, C),
+                                   rtol=TOL64, atol=TOL64)
     assert default_chunk_size(2048) == 32 and default_chunk_size(1) == 1 and default_chunk_size(10) == 4
 
 
@@ -116,7 +118,8 @@ def test_scan_gradients_match_reference(scan):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=lambda m: f"grad of {name}: {m}")
 
 
-@pytest.mark.parametrize("scan", [selective_scan, parallel_scan_ref])
+@pytest.mark.parametrize("scan", [partial(selective_scan, impl="chunked"), selective_scan, parallel_scan_ref],
+                         ids=["chunked", "auto", "parallel"])
 def test_state_carry_splits_a_sequence(scan):
     """Scanning two halves, the second from the first's final state, equals one scan."""
     x, delta, A, B, C, D, h0 = scan_inputs(2, 40, 3, 4, seed=6, dtype=torch.float64)
@@ -236,7 +239,10 @@ def test_prefill_in_pieces_matches_one_prefill():
         b, s2 = model.prefill(idx[:, 2:11], s1)
         c, s3 = model.prefill(idx[:, 11:], s2)
     torch.testing.assert_close(torch.cat([a, b, c], dim=1), full, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(full, model(idx), rtol=0, atol=0)
+    with torch.no_grad():  # the same scan as prefill's (selective_scan's "auto" picks by whether grad is needed)
+        torch.testing.assert_close(full, model(idx), rtol=0, atol=0)
+    # with gradients on, "auto" is the chunked scan: the same up to fp32 rounding (logits are O(1))
+    torch.testing.assert_close(full, model(idx), rtol=1e-5, atol=1e-5)
     for u, v in zip(state.conv + state.ssm, s3.conv + s3.ssm):
         torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-5)
 

@@ -1,4 +1,4 @@
-"""Benchmark: the chunked selective scan against the per-step reference, side by side.
+"""Benchmark: the selective scans against the per-step reference, side by side.
 
     python tools/bench_ssm.py                 # writes benchmarks/ssm_cpu.json
     python tools/bench_ssm.py --repeats 7 --lengths 256 2048
@@ -7,9 +7,10 @@ Sizes as the issue fixed them: batch 2, D = 64 channels, N = 16 state entries, f
 (256, 1024, 2048, 4096), torch.set_num_threads(2); then the same with 1 thread, which a busy
 machine disturbs less. Inputs look like a Mamba layer's: Δ = softplus
 of a normal shifted by −4 (mostly 0.005–0.1), A = −(1..N) (S4D-real), x, B, C standard normal.
-For each L, `selective_scan` (default chunk size) and `selective_scan_ref` run alternately,
-forward only (no_grad) and forward + backward, after one warm-up each; the result is the ratio of
-the medians. A chunk-size sweep at L = 2048 shows where `default_chunk_size` comes from.
+For each L, the reference, the chunked PyTorch scan (`selective_scan(impl="chunked")`, default
+chunk size) and, where it compiled, the fused C loop (`lib.kernels.scan_cpu.selective_scan_cpu`,
+which `selective_scan` runs by default when no gradient is needed) run alternately, forward only
+(no_grad) and forward + backward, after one warm-up each; the result is the ratio of the medians. A chunk-size sweep at L = 2048 shows where `default_chunk_size` comes from.
 A record, not a test: timings depend on the machine and on whatever else runs on it (the load
 average is recorded beside them).
 
@@ -27,11 +28,13 @@ import platform
 import statistics
 import time
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status, selective_scan_cpu
 from lib.ssm import default_chunk_size, selective_scan, selective_scan_ref
 from lib.bench import cpu_name
 
@@ -83,9 +86,17 @@ def median_seconds(runs: dict, repeats: int) -> dict[str, list[float]]:
     return seconds
 
 
+def cpu_scans() -> dict:
+    """The scans timed on a CPU: the reference, the chunked scan and, where it compiled, the C loop."""
+    scans = {"ref": selective_scan_ref, "chunked": partial(selective_scan, impl="chunked")}
+    if cpu_kernel_available():
+        scans["cpu"] = selective_scan_cpu
+    return scans
+
+
 def bench_lengths(lengths, repeats: int, device, shape=SHAPES, scans=None) -> list[dict]:
     batch, D, N = shape
-    scans = scans or {"ref": selective_scan_ref, "chunked": selective_scan}
+    scans = scans or cpu_scans()
     rows = []
     for L in lengths:
         inputs = make_inputs(batch, L, D, N, device)
@@ -94,8 +105,9 @@ def bench_lengths(lengths, repeats: int, device, shape=SHAPES, scans=None) -> li
             errs = {k: (fn(*inputs) - want).abs().max().item() for k, fn in scans.items() if k != "ref"}
         row = {"threads": torch.get_num_threads(), "batch": batch, "D": D, "N": N, "L": L,
                "chunk_size": default_chunk_size(L), "max_abs_diff_fwd": float(f"{errs['chunked']:.3g}")}
-        if "triton" in errs:
-            row["max_abs_diff_fwd_triton"] = float(f"{errs['triton']:.3g}")
+        for k in ("triton", "cpu"):
+            if k in errs:
+                row[f"max_abs_diff_fwd_{k}"] = float(f"{errs[k]:.3g}")
         for mode, backward in (("forward", False), ("forward_backward", True)):
             seconds = median_seconds({k: timer(fn, inputs, backward, device) for k, fn in scans.items()}, repeats)
             median = {k: statistics.median(v) for k, v in seconds.items()}
@@ -116,7 +128,8 @@ def bench_lengths(lengths, repeats: int, device, shape=SHAPES, scans=None) -> li
 def bench_chunk_sizes(chunk_sizes, repeats: int, device) -> dict[str, float]:
     batch, D, N = SHAPES
     inputs = make_inputs(batch, 2048, D, N, device)
-    runs = {cs: timer(lambda *t, cs=cs: selective_scan(*t, chunk_size=cs), inputs, False, device) for cs in chunk_sizes}
+    runs = {cs: timer(lambda *t, cs=cs: selective_scan(*t, chunk_size=cs, impl="chunked"), inputs, False, device)
+            for cs in chunk_sizes}
     return {str(cs): round(statistics.median(v), 5) for cs, v in median_seconds(runs, repeats).items()}
 
 
@@ -137,7 +150,8 @@ def main() -> None:
     shapes, scans = [SHAPES], None
     if device.type == "cuda":  # the fused kernel runs compiled only here; add a model-sized layer
         from lib.kernels.scan import selective_scan_triton
-        shapes, scans = [SHAPES, GPU_MODEL_SHAPE], {"ref": selective_scan_ref, "chunked": selective_scan,
+        shapes, scans = [SHAPES, GPU_MODEL_SHAPE], {"ref": selective_scan_ref,
+                                                    "chunked": partial(selective_scan, impl="chunked"),
                                                     "triton": selective_scan_triton}
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -148,12 +162,19 @@ def main() -> None:
         if hasattr(os, "getloadavg"):
             load.append(os.getloadavg()[0])
 
+    timed = list(rows[0]["forward"]["median_seconds"])
+    fused = {"cpu": "the fused C loop (lib.kernels.scan_cpu.selective_scan_cpu)",
+             "triton": "the fused Triton kernel (lib.kernels.scan.selective_scan_triton)"}
     result = {
-        "benchmark": "selective scan, chunked (lib.ssm.selective_scan) vs per-step reference "
-                     "(lib.ssm.selective_scan_ref)" + (" vs the fused Triton kernel "
-                     "(lib.kernels.scan.selective_scan_triton)" if scans else "") + "; median seconds per call",
-        "shapes": {"batch": SHAPES[0], "D": SHAPES[1], "N": SHAPES[2], "dtype": "float32", "lengths": args.lengths},
+        "benchmark": "selective scan: per-step reference (lib.ssm.selective_scan_ref) vs chunked "
+                     "(lib.ssm.selective_scan, impl='chunked')" + "".join(f" vs {v}" for k, v in fused.items()
+                                                                       if k in timed) + "; median seconds per call",
+        "dtype": "float32",
+        "lengths": args.lengths,
         "shapes_timed": [dict(zip(("batch", "D", "N"), shape)) for shape in shapes],
+        "cpu_kernel": cpu_kernel_status(),
+        "selective_scan_default": {"forward (no_grad)": "cpu" if "cpu" in timed else "chunked",
+                                   "forward_backward": "chunked"} if device.type == "cpu" else "chunked",
         "repeats": args.repeats,
         "results": rows,
         "chunk_size_sweep_forward_L2048_median_seconds": sweep,

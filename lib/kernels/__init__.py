@@ -1,4 +1,7 @@
-"""Attention kernels in Triton (lesson 05): a FlashAttention forward and backward.
+"""Kernels: attention in Triton (lesson 05: a FlashAttention forward and backward, `flash`), and
+the selective scan fused (lesson 06): in Triton for a GPU (`scan`) and as a C loop for the CPU
+(`scan_cpu`, compiled with the machine's C compiler on first use; the submodules are imported
+by name, not here).
 
 Importing this package never compiles or launches anything, and works without a GPU and even
 without triton installed (then `kernel_mode()` is "unavailable" and `flash_attention` raises a
@@ -8,18 +11,10 @@ Triton fixes its mode when first imported, so import lib before triton; otherwis
 refuse to run with a message saying so.
 """
 
-from lib.kernels.flash import (
-    SUPPORTED_HEAD_DIMS,
-    count_visited_tiles,
-    default_block_sizes,
-    flash_attention,
-    kernel_mode,
-    key_block_bounds,
-    require_kernel_device,
-    visited_blocks,
-)
-
-__all__ = [
+# The attention kernel's names are read from lib.kernels.flash on first use (PEP 562), so that
+# importing a submodule that does not need triton (scan_cpu, which lib.doctor asks for its status)
+# does not import triton and fix its interpreter mode early.
+_FLASH_NAMES = (
     "SUPPORTED_HEAD_DIMS",
     "count_visited_tiles",
     "default_block_sizes",
@@ -28,4 +23,17 @@ __all__ = [
     "key_block_bounds",
     "require_kernel_device",
     "visited_blocks",
-]
+)
+__all__ = list(_FLASH_NAMES)
+
+
+def __getattr__(name: str):
+    if name in _FLASH_NAMES:
+        from lib.kernels import flash
+
+        return getattr(flash, name)
+    raise AttributeError(f"module 'lib.kernels' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -17,8 +17,9 @@ programs.) Everything is computed in fp32.
     selective_scan_triton   same arguments and returns as lib.ssm.selective_scan (no chunk_size)
 
 Differentiable: the backward is not a kernel. It recomputes the forward with the chunked PyTorch
-scan (`lib.ssm.selective_scan`) under autograd and returns its gradients, so gradients equal the
-chunked scan's (tested); the speed of the fused kernel is the forward's.
+scan under autograd and returns its gradients (`lib.ssm._FusedScan`, shared with the CPU kernel in
+lib/kernels/scan_cpu.py), so gradients equal the chunked scan's (tested); the speed of the fused
+kernel is the forward's.
 
 Like the attention kernels, it runs compiled on a CUDA GPU and in Triton's interpreter on CPU
 tensors when TRITON_INTERPRET=1 (set by `import lib` on machines without a GPU); the interpreter
@@ -105,35 +106,6 @@ def _launch(x, delta, A, B, C, D, h0, return_state: bool):
     return y, (hl if return_state else None)
 
 
-class _SelectiveScan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, delta, A, B, C, D, h0, return_state):
-        y, hl = _launch(x, delta, A, B, C, D, h0, return_state)
-        ctx.save_for_backward(x, delta, A, B, C, D, h0)
-        ctx.return_state = return_state
-        y = y.to(x.dtype)
-        if return_state:
-            return y, hl
-        return y
-
-    @staticmethod
-    def backward(ctx, *grads):
-        from lib.ssm import _scan_chunked  # lib.ssm imports this module lazily; no cycle at import
-
-        inputs = ctx.saved_tensors  # x, delta, A, B, C, D, h0 (None where not given)
-        wants = [t is not None and need for t, need in zip(inputs, ctx.needs_input_grad[:7])]
-        leaves = [None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wants)]
-        with torch.enable_grad():
-            out = _scan_chunked(*leaves, ctx.return_state)
-        outs = list(out) if ctx.return_state else [out]
-        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
-        wanted = [leaf for leaf, w in zip(leaves, wants) if w]
-        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
-                   if pairs and wanted else [])
-        result = [next(got) if w else None for w in wants]
-        return (*result, None)
-
-
 def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                           D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None,
                           return_state: bool = False):
@@ -146,7 +118,7 @@ def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
     `lib.ssm.selective_scan`, which computes in fp64 when given fp64). On CUDA tensors the kernel
     is compiled; on CPU tensors it runs in Triton's interpreter (TRITON_INTERPRET=1).
     """
-    from lib.ssm import _check_scan_inputs  # lib.ssm imports this module lazily; no cycle at import
+    from lib.ssm import _FusedScan, _check_scan_inputs  # lib.ssm imports this module lazily; no cycle at import
 
     _check_scan_inputs(x, delta, A, B, C, D, h0)
     if not isinstance(return_state, bool):
@@ -156,4 +128,4 @@ def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
             raise TypeError(f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
                             "use lib.ssm.selective_scan, which computes in fp64 when given fp64")
     require_kernel_device(x.device, "selective_scan_triton", "lib.ssm.selective_scan")
-    return _SelectiveScan.apply(x, delta, A, B, C, D, h0, return_state)
+    return _FusedScan.apply(_launch, x, delta, A, B, C, D, h0, return_state)

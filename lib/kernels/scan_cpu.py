@@ -1,0 +1,311 @@
+"""The selective scan as one fused loop in C, for the CPU (lesson 06): the state stays in cache.
+
+The chunked PyTorch scan (`lib.ssm.selective_scan` with impl="chunked") removes the reference's
+Python step per position, but each of its tensor operations still reads and writes a slice of the
+(B, L, D, N) state sequence, and on a CPU those passes through memory, not the arithmetic, are what
+it spends its time on. The fix is the fused GPU kernel's (lib/kernels/scan.py, and the official
+Mamba kernel's "hardware-aware" scan): keep the state of a block of channels in fast memory for
+the whole sequence, read Δ, x, B, C once, write y once. On a CPU, fast memory is the L1 cache and
+the kernel is a plain loop, written in C (`scan_cpu.c`, beside this file), whose inner loop over
+the N state entries is vectorised, exponentials included:
+
+    for t in 0..L-1:  for d in block:  for n in 0..N-1:      (the n loop: 8 floats at a time)
+        h[d, n] = exp(Δ[t, d] · A[d, n]) · h[d, n] + Δ[t, d] · x[t, d] · B[t, n]
+        y[t, d] += C[t, n] · h[d, n]
+
+Threads split the (sequence, channel) rows between them (`threads`, default torch's thread count),
+and each row's result is the same whatever the split, bit for bit.
+
+Building: on first use the C file is compiled with the machine's C compiler (`$CC`, else cc, gcc
+or clang) into a shared library cached under ~/.cache/onemask (or $ONEMASK_CACHE), keyed by the
+source, the compiler and the flags, then loaded with ctypes and checked against a few steps of the
+recurrence computed here in Python. That takes about half a second once per machine. With gcc on
+x86-64 Linux and an AVX2 CPU it uses glibc's vector exponentials (libmvec); elsewhere the same
+loop with scalar exp. Where no compiler works (or ONEMASK_CPU_KERNEL=0 is set), nothing fails:
+`cpu_kernel_status()` says why, and `lib.ssm.selective_scan` uses its chunked scan instead.
+
+    selective_scan_cpu   same arguments and returns as lib.ssm.selective_scan_ref, plus `threads`
+    cpu_kernel_status    "compiled ..." or "unavailable: <why>"; builds on first call
+
+Differentiable like the Triton kernel: the backward recomputes with the chunked scan under
+autograd (`lib.ssm._FusedScan`). Computes in fp32, or fp64 when given fp64 (half inputs are read
+as fp32, like the other scans).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from lib._checks import require_int
+
+__all__ = ["cpu_kernel_available", "cpu_kernel_status", "selective_scan_cpu"]
+
+SOURCE = Path(__file__).with_name("scan_cpu.c")
+BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
+VECTOR_EXP_FLAGS = ("-mavx2", "-mfma", "-DONEMASK_LIBMVEC")  # gcc, x86-64 Linux, an AVX2 CPU: glibc's vector exp
+OPENMP_FLAGS = ("-fopenmp",)  # threads from PyTorch's own OpenMP pool (see scan_cpu.c); else Python threads
+MIN_WORK_PER_THREAD = 1 << 16  # B·D·L·N multiply-adds below which a second thread costs more than it saves
+
+_lock = threading.Lock()
+_library = None  # the loaded ctypes library, once built
+_status: str | None = None  # why it is or is not available; None until the first attempt
+_vector_exp = False  # built with vector exponentials (then it beats the chunked scan; scalar exp may not)
+_built_flags: tuple[str, ...] = ()  # the flags of the library in use
+_pool: ThreadPoolExecutor | None = None
+
+
+# --------------------------------------------------------------------------- building
+def _compiler() -> str | None:
+    chosen = os.environ.get("CC")
+    if chosen:
+        return shutil.which(chosen)
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _compiler_version(cc: str) -> str:
+    """What `cc --version` prints (all of it; "" if it fails)."""
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _wants_vector_exp(version: str) -> bool:
+    """glibc's libmvec has AVX2 expf/exp on x86-64 Linux; gcc calls them from the simd loop.
+    (gcc installed as `cc` names itself "cc" but keeps the FSF's copyright line.)"""
+    text = version.lower()
+    is_gcc = ("gcc" in text or "free software foundation" in text) and "clang" not in text
+    return (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and is_gcc
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+
+
+def _cache_dir() -> Path:
+    chosen = os.environ.get("ONEMASK_CACHE")
+    base = Path(chosen) if chosen else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onemask"
+    for candidate in (base, Path(tempfile.gettempdir()) / f"onemask-{os.getuid() if hasattr(os, 'getuid') else 0}"):
+        try:
+            candidate.mkdir(parents=True, exist_ok=True)
+            if os.access(candidate, os.W_OK):
+                return candidate
+        except OSError:
+            continue
+    raise OSError(f"no writable cache directory (tried {base} and the temporary directory)")
+
+
+def _compile(cc: str, version: str, flags: tuple[str, ...]) -> Path:
+    """The shared library for these flags: from the cache, or compiled into it (atomically)."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, cc.encode(), version.encode(), " ".join(flags).encode(),
+                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
+    target = _cache_dir() / f"scan_cpu-{key}.so"
+    if target.exists():
+        return target
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        out = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"{Path(cc).name} failed: {(out.stderr or out.stdout).strip()[-400:]}")
+        os.replace(tmp, target)  # atomic: a concurrent build writes the same bytes
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return target
+
+
+def _torch_uses_gomp() -> bool:
+    """PyTorch parallelises with GNU OpenMP (libgomp.so.1, which an -fopenmp library from gcc shares)."""
+    return "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
+
+
+def _load(path: Path):
+    library = ctypes.CDLL(str(path))  # ctypes.CDLL releases the GIL during calls: threads run in parallel
+    for name in ("onemask_scan_f32", "onemask_scan_f64", "onemask_scan_f32_omp", "onemask_scan_f64_omp"):
+        if name.endswith("_omp") and not hasattr(library, name):
+            continue  # built without OpenMP
+        fn = getattr(library, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 5
+    return library
+
+
+def _self_check(library) -> str | None:
+    """A few steps of the recurrence in plain Python against the library, in both dtypes: None if
+    they agree, else what went wrong (a miscompiled vector exp would show here)."""
+    import math
+
+    b, l, d, n = 2, 5, 3, 5  # N = 5: not a multiple of the vector width
+    g = torch.Generator().manual_seed(0)
+    x, dt = torch.randn(b, l, d, generator=g), torch.rand(b, l, d, generator=g)
+    A, B, C = -torch.rand(d, n, generator=g) - 0.1, torch.randn(b, l, n, generator=g), torch.randn(b, l, n, generator=g)
+    for dtype in (torch.float32, torch.float64):
+        got = _run(library, *(t.to(dtype) for t in (x, dt, A, B, C)), None, False, 2)[0]
+        for bi in range(b):
+            for di in range(d):
+                h = [0.0] * n
+                for t in range(l):
+                    h = [math.exp(dt[bi, t, di].item() * A[di, k].item()) * h[k] + dt[bi, t, di].item()
+                         * x[bi, t, di].item() * B[bi, t, k].item() for k in range(n)]
+                    want = sum(C[bi, t, k].item() * h[k] for k in range(n))
+                    if not abs(got[bi, t, di].item() - want) <= 1e-5 * (1 + abs(want)):
+                        return (f"self-check failed ({dtype}): y[{bi}, {t}, {di}] = {got[bi, t, di].item()!r}, "
+                                f"the recurrence gives {want!r}")
+    return None
+
+
+def _build() -> None:
+    global _library, _status, _vector_exp, _built_flags
+    if os.environ.get("ONEMASK_CPU_KERNEL", "1") == "0":
+        _status = "unavailable: switched off (ONEMASK_CPU_KERNEL=0)"
+        return
+    cc = _compiler()
+    if cc is None:
+        _status = ("unavailable: no C compiler found (set CC, or install gcc or clang); "
+                   if os.environ.get("CC") is None else f"unavailable: CC={os.environ['CC']!r} is not an executable; ")
+        _status += "the chunked PyTorch scan is used instead"
+        return
+    version = _compiler_version(cc)
+    vector_options = [VECTOR_EXP_FLAGS, ()] if _wants_vector_exp(version) else [()]
+    # best first: each option that fails to compile, load or self-check falls back to the next
+    attempts = [BASE_FLAGS + v + o for v in vector_options for o in ((OPENMP_FLAGS, ()) if _torch_uses_gomp() else ((),))]
+    problems = []
+    for flags in attempts:
+        try:
+            library = _load(_compile(cc, version, flags))
+            problem = _self_check(library)
+        except Exception as err:  # any failure to build, load or run it means: not here (the reason is kept)
+            problem = f"{type(err).__name__}: {err}"
+        if problem is None:
+            _library = library
+            _vector_exp, _built_flags = "-DONEMASK_LIBMVEC" in flags, flags
+            vector = "vector exp (glibc libmvec, AVX2)" if _vector_exp else "scalar exp"
+            threads = "PyTorch's OpenMP threads" if hasattr(library, "onemask_scan_f32_omp") else "Python threads"
+            name = version.splitlines()[0] if version else Path(cc).name
+            _status = f"compiled: {name}, {' '.join(f for f in flags if f.startswith('-O'))}, {vector}, {threads}"
+            return
+        problems.append(problem)
+    _status = "unavailable: " + "; then ".join(problems) + "; the chunked PyTorch scan is used instead"
+
+
+def _ensure_built():
+    with _lock:
+        if _status is None:
+            _build()
+    return _library
+
+
+def cpu_kernel_status() -> str:
+    """Whether the fused CPU scan is usable here, and how it was built ("compiled: ...") or why
+    not ("unavailable: ..."). Builds (or loads from the cache) on the first call."""
+    _ensure_built()
+    return _status
+
+
+def cpu_kernel_available(*, fast: bool = False) -> bool:
+    """True when `selective_scan_cpu` can run here (see `cpu_kernel_status` for why not). With
+    fast=True, only if it was built with vector exponentials: with scalar exp the loop spends most
+    of its time in exp and measured slower than the chunked PyTorch scan on this course's machine,
+    so lib.ssm.selective_scan's impl="auto" asks for this."""
+    return _ensure_built() is not None and (_vector_exp or not fast)
+
+
+# --------------------------------------------------------------------------- running
+def _thread_pool(workers: int) -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None or _pool._max_workers < workers:
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onemask-scan")
+    return _pool
+
+
+def _forget_pool_after_fork():
+    global _pool
+    _pool = None  # a forked child has the parent's pool object but none of its threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
+def _run(library, x, dt, A, B, C, h0, return_state: bool, threads: int):
+    """y (B, L, D) and the final state (B, D, N) or None, in x's dtype (fp32 or fp64; all inputs
+    already of that dtype). Splits the B·D rows into `threads` contiguous ranges."""
+    suffix = "f64" if x.dtype == torch.float64 else "f32"
+    x, dt, A, B, C = (t.contiguous() for t in (x, dt, A, B, C))
+    h0 = None if h0 is None else h0.contiguous()
+    b, l, d = x.shape
+    n = A.shape[1]
+    y = torch.empty_like(x)
+    hl = torch.empty(b, d, n, dtype=x.dtype) if return_state else None
+    rows = b * d
+    threads = max(1, min(threads, rows, (rows * l * n) // MIN_WORK_PER_THREAD))
+    pointers = [t.data_ptr() if t is not None else None for t in (x, dt, A, B, C, h0, y, hl)]
+    if hasattr(library, f"onemask_scan_{suffix}_omp"):  # rows split the same way, on PyTorch's OpenMP threads
+        codes = [getattr(library, f"onemask_scan_{suffix}_omp")(*pointers, l, d, n, rows, threads)]
+    else:
+        fn = getattr(library, f"onemask_scan_{suffix}")
+        cuts = [rows * k // threads for k in range(threads + 1)]
+        args = [(*pointers, l, d, n, cuts[k], cuts[k + 1]) for k in range(threads)]
+        futures = [_thread_pool(threads - 1).submit(fn, *a) for a in args[1:]] if threads > 1 else []
+        codes = [fn(*args[0])] + [f.result() for f in futures]  # the inputs stay referenced until all are done
+    if any(codes):
+        raise MemoryError("selective_scan_cpu could not allocate its state buffer")
+    return y, hl
+
+
+def _launch(x, delta, A, B, C, D, h0, return_state: bool, threads: int):
+    """For lib.ssm._FusedScan: y with the skip added, in the working dtype; the final state or None."""
+    from lib.ssm import _work_dtype
+
+    wt = _work_dtype(x, delta, A, B, C, D, h0)
+    x_, dt_, A_, B_, C_ = (t.detach().to(wt) for t in (x, delta, A, B, C))
+    y, hl = _run(_library, x_, dt_, A_, B_, C_, None if h0 is None else h0.detach().to(wt), return_state, threads)
+    if D is not None:
+        y = y + x_ * D.detach().to(wt)  # (B, L, D) + (B, L, D) * (D,): the skip, as lib.ssm._finish adds it
+    return y, hl
+
+
+def _require_cpu(device: torch.device) -> None:
+    if device.type != "cpu":
+        raise ValueError(f"selective_scan_cpu runs on CPU tensors, got device {device}; on a GPU use "
+                         "lib.kernels.scan.selective_scan_triton or lib.ssm.selective_scan")
+
+
+def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                       D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False,
+                       threads: int | None = None):
+    """The selective scan by one fused C loop: the same arguments and result as
+    `lib.ssm.selective_scan_ref` (up to rounding), differentiable, for CPU tensors.
+
+    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; h0 (B, D, N) or None
+    -> y (B, L, D) in x's dtype, and with `return_state` also the final state (B, D, N) in the
+    working dtype (fp32, or fp64 if any input is fp64). `threads`: how many threads share the rows
+    (default torch.get_num_threads()); the result does not depend on it. Raises RuntimeError,
+    saying why, where the kernel could not be built (then use lib.ssm.selective_scan).
+    """
+    from lib.ssm import _FusedScan, _check_scan_inputs
+
+    _check_scan_inputs(x, delta, A, B, C, D, h0)
+    if not isinstance(return_state, bool):
+        raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
+    threads = torch.get_num_threads() if threads is None else require_int("threads", threads, minimum=1)
+    _require_cpu(x.device)
+    if _ensure_built() is None:
+        raise RuntimeError(f"selective_scan_cpu is {_status}; use lib.ssm.selective_scan")
+    return _FusedScan.apply(lambda *a: _launch(*a, threads), x, delta, A, B, C, D, h0, return_state)
