@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -61,7 +62,6 @@ MIN_WORK_PER_THREAD = 1 << 16  # B·D·L·N multiply-adds below which a second t
 _lock = threading.Lock()
 _library = None  # the loaded ctypes library, once built
 _status: str | None = None  # why it is or is not available; None until the first attempt
-_vector_exp = False  # built with vector exponentials (then it beats the chunked scan; scalar exp may not)
 _built_flags: tuple[str, ...] = ()  # the flags of the library in use
 _pool: ThreadPoolExecutor | None = None
 
@@ -171,7 +171,7 @@ def _self_check(library) -> str | None:
 
 
 def _build() -> None:
-    global _library, _status, _vector_exp, _built_flags
+    global _library, _status, _built_flags
     if os.environ.get("ONEMASK_CPU_KERNEL", "1") == "0":
         _status = "unavailable: switched off (ONEMASK_CPU_KERNEL=0)"
         return
@@ -194,8 +194,8 @@ def _build() -> None:
             problem = f"{type(err).__name__}: {err}"
         if problem is None:
             _library = library
-            _vector_exp, _built_flags = "-DONEMASK_LIBMVEC" in flags, flags
-            vector = "vector exp (glibc libmvec, AVX2)" if _vector_exp else "scalar exp"
+            _built_flags = flags
+            vector = "vector exp (glibc libmvec, AVX2)" if _has_vector_exp() else "scalar exp"
             threads = "PyTorch's OpenMP threads" if hasattr(library, "onemask_scan_f32_omp") else "Python threads"
             name = version.splitlines()[0] if version else Path(cc).name
             _status = f"compiled: {name}, {' '.join(f for f in flags if f.startswith('-O'))}, {vector}, {threads}"
@@ -223,7 +223,12 @@ def cpu_kernel_available(*, fast: bool = False) -> bool:
     fast=True, only if it was built with vector exponentials: with scalar exp the loop spends most
     of its time in exp and measured slower than the chunked PyTorch scan on this course's machine,
     so lib.ssm.selective_scan's impl="auto" asks for this."""
-    return _ensure_built() is not None and (_vector_exp or not fast)
+    return _ensure_built() is not None and (_has_vector_exp() or not fast)
+
+
+def _has_vector_exp() -> bool:
+    """The library in use was built with vector exponentials (it beats the chunked scan; scalar exp may not)."""
+    return "-DONEMASK_LIBMVEC" in _built_flags
 
 
 # --------------------------------------------------------------------------- running
@@ -271,14 +276,23 @@ def _run(library, x, dt, A, B, C, h0, return_state: bool, threads: int):
 
 def _launch(x, delta, A, B, C, D, h0, return_state: bool, threads: int):
     """For lib.ssm._FusedScan: y with the skip added, in the working dtype; the final state or None."""
-    from lib.ssm import _work_dtype
+    from lib.ssm import _finish, _work_dtype
 
     wt = _work_dtype(x, delta, A, B, C, D, h0)
     x_, dt_, A_, B_, C_ = (t.detach().to(wt) for t in (x, delta, A, B, C))
     y, hl = _run(_library, x_, dt_, A_, B_, C_, None if h0 is None else h0.detach().to(wt), return_state, threads)
-    if D is not None:
-        y = y + x_ * D.detach().to(wt)  # (B, L, D) + (B, L, D) * (D,): the skip, as lib.ssm._finish adds it
-    return y, hl
+    return _finish(y, x_, None if D is None else D.detach(), hl, True, wt)  # the skip, in the working dtype
+
+
+def _scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = None):
+    """selective_scan_cpu without the input checks: lib.ssm calls it after its own."""
+    from lib.ssm import _FusedScan
+
+    _require_cpu(x.device)
+    if _ensure_built() is None:
+        raise RuntimeError(f"selective_scan_cpu is {_status}; use lib.ssm.selective_scan")
+    launch = partial(_launch, threads=torch.get_num_threads() if threads is None else threads)
+    return _FusedScan.apply(launch, x, delta, A, B, C, D, h0, return_state)
 
 
 def _require_cpu(device: torch.device) -> None:
@@ -299,13 +313,11 @@ def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B:
     (default torch.get_num_threads()); the result does not depend on it. Raises RuntimeError,
     saying why, where the kernel could not be built (then use lib.ssm.selective_scan).
     """
-    from lib.ssm import _FusedScan, _check_scan_inputs
+    from lib.ssm import _check_scan_inputs
 
     _check_scan_inputs(x, delta, A, B, C, D, h0)
     if not isinstance(return_state, bool):
         raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
-    threads = torch.get_num_threads() if threads is None else require_int("threads", threads, minimum=1)
-    _require_cpu(x.device)
-    if _ensure_built() is None:
-        raise RuntimeError(f"selective_scan_cpu is {_status}; use lib.ssm.selective_scan")
-    return _FusedScan.apply(lambda *a: _launch(*a, threads), x, delta, A, B, C, D, h0, return_state)
+    if threads is not None:
+        require_int("threads", threads, minimum=1)
+    return _scan(x, delta, A, B, C, D, h0, return_state, threads)
