@@ -1,41 +1,66 @@
 # One Mask. The README's two commands are `make lab` and `make test`; both set up .venv first.
+# `make lab` and `make demo` install what a student needs (requirements.lock); `make test`,
+# `make book` and `make notebooks` add the test and book toolchain and a browser
+# (requirements-dev.lock, tools/install_browser.sh, tools/install_axe.sh). Same .venv.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
+STUDENT_STAMP := $(VENV)/.onemask-student
 STAMP := $(VENV)/.onemask-installed
 PORT ?= 8888
 DEMO_PORT ?= 8866
+# TORCH=cpu: take torch 2.13.0 from PyTorch's CPU wheel index (about 180 MiB) before the lock,
+# instead of PyPI's Linux build, which is the CUDA one (about 2.6 GiB with its nvidia-* wheels).
+# Only for a fresh .venv (`make clean-venv` first); the default takes everything from PyPI.
+TORCH ?=
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: help setup lab demo test test-unit test-lessons test-browser book notebooks exercises lock clean
+.PHONY: help setup setup-student lab demo test test-unit test-lessons test-browser book notebooks exercises lock clean clean-venv check-python
 
 help:
-	@echo "make lab        set up .venv and start JupyterLab on lessons/ (127.0.0.1, with a token)"
-	@echo "make test       set up .venv and run the whole suite"
+	@echo "make lab        set up .venv (the course only) and start JupyterLab on lessons/ (127.0.0.1, with a token)"
 	@echo "make demo       serve the classroom gallery of widgets with Voila (127.0.0.1:$(DEMO_PORT), with a token)"
+	@echo "make test       set up .venv with the test and book toolchain and run the whole suite"
 	@echo "make book       build the Jupyter Book into book/_build/html"
 	@echo "make notebooks  re-execute lessons/*.md into their .ipynb, then regenerate the exercises"
-	@echo "make lock       rewrite requirements.lock from the current .venv"
+	@echo "make lock       rewrite requirements.lock, requirements-dev.lock and environment.yml from pyproject.toml"
+	@echo "TORCH=cpu       (with lab, demo or test, on a fresh .venv) torch's CPU build instead of PyPI's CUDA build on Linux"
 
-# Re-runs only when the pins change: a second `make lab` takes seconds.
-$(STAMP): requirements.lock pyproject.toml tools/install_browser.sh tools/install_axe.sh tools/lab_overrides.json
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "One Mask needs Python 3.11 (or 3.12), found " + sys.version' 
+# Python 3.11 (from 3.11.0) to 3.13, said plainly before pip is asked anything.
+check-python:
+	@if [ -z "$(PYTHON)" ]; then echo "One Mask needs Python 3.11, 3.12 or 3.13, and none was found: install one, or run make PYTHON=/path/to/python3.12 ..." >&2; exit 1; fi
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; ok = (3, 11) <= v <= (3, 13); sys.exit(0 if ok else "One Mask needs Python 3.11, 3.12 or 3.13; $(PYTHON) is " + sys.version.split()[0] + ". " + ("Install a newer Python (python.org, your package manager, pyenv or conda) and run make PYTHON=/path/to/python3.12 ..." if v < (3, 11) else "Install Python 3.13 or older and run make PYTHON=/path/to/python3.13 ..."))'
+	@case "$(TORCH)" in ""|cpu) ;; *) echo "TORCH=$(TORCH): use TORCH=cpu, or leave it unset for PyPI's torch" >&2; exit 1;; esac
+
+# The student's install: the course and what every lesson and widget needs. Re-runs only when
+# the pins change: a second `make lab` takes seconds.
+$(STUDENT_STAMP): requirements.lock pyproject.toml tools/lab_overrides.json
+	@$(MAKE) --no-print-directory check-python
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(if $(filter cpu,$(TORCH)),$(BIN)/python -m pip install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX))
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
-	bash tools/install_browser.sh $(BIN)
-	bash tools/install_axe.sh $(VENV)
 	@# JupyterLab must not ask to fetch news or check for updates (a classroom may be offline)
 	@mkdir -p $(VENV)/share/jupyter/lab/settings && cp tools/lab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	@touch $(STUDENT_STAMP)
+
+# The contributor's install: the student's plus pytest, Jupyter Book, uv, Chromium and axe-core.
+$(STAMP): $(STUDENT_STAMP) requirements-dev.lock tools/install_browser.sh tools/install_axe.sh
+	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
+	bash tools/install_browser.sh $(BIN)
+	bash tools/install_axe.sh $(VENV)
 	@touch $(STAMP)
 
 setup: $(STAMP)
 
-lab: $(STAMP)
+setup-student: $(STUDENT_STAMP)
+
+lab: $(STUDENT_STAMP)
 	@token=$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(24))'); \
 	echo ""; echo "  One Mask in JupyterLab: http://127.0.0.1:$(PORT)/lab/tree/01-masking-equation.ipynb?token=$$token"; echo ""; \
 	exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) --IdentityProvider.token=$$token \
@@ -44,7 +69,7 @@ lab: $(STAMP)
 
 # The classroom gallery: one Voila page per widget, large fonts, offline (tools/make_gallery.py
 # writes the notebooks and the template into .demo/, then serves them on 127.0.0.1 with a token).
-demo: $(STAMP)
+demo: $(STUDENT_STAMP)
 	exec $(BIN)/python tools/make_gallery.py .demo --serve --port=$(DEMO_PORT)
 
 # The whole suite, in order; any failing part stops it with a non-zero exit.
@@ -77,10 +102,10 @@ exercises: $(STAMP)
 	$(BIN)/python tools/make_exercises.py
 
 lock: $(STAMP)
-	@{ echo "# Generated by \`make lock\` from the tested .venv (pip freeze, +cpu local tag removed from torch)."; \
-	   echo "# Every package at the exact version the suite passed with on Python 3.11, 2026-11-30."; \
-	   echo "# On a Linux+CUDA machine torch==2.13.0 resolves to the CUDA build and pip adds its nvidia-* wheels."; \
-	   $(BIN)/pip freeze --all --exclude-editable --exclude pip | sed 's/+cpu$$//'; } > requirements.lock
+	UV=$(BIN)/uv PYTHON=$(BIN)/python bash tools/lock.sh
 
 clean:
 	rm -rf book/_build book/_static .demo
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,8 +1,10 @@
-"""The project's own invariants: pins agree everywhere, lessons are paired and executed, stored
+"""The project's own invariants: pins agree everywhere (on every platform and Python), lessons are paired and executed, stored
 notebooks are small and deterministic, lessons import lib instead of redefining it."""
 
 import ast
 import json
+import os
+import platform
 import re
 import shutil
 import subprocess
@@ -11,42 +13,139 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from lib.course import LESSONS
 
 ROOT = Path(__file__).resolve().parent.parent
 MDS = sorted((ROOT / "lessons").glob("[0-9][0-9]-*.md"))
 NBS = [md.with_suffix(".ipynb") for md in MDS]
-PIN = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*==\s*([^\s;#]+)")
+LOCKS = {"student": ROOT / "requirements.lock", "contributor": ROOT / "requirements-dev.lock"}
+SUPPORTED_PYTHONS = ("3.11.0", "3.11.4", "3.11.9", "3.12.0", "3.13.0")
+PLATFORMS = ("linux", "darwin", "win32")
 
 
-def pins(lines) -> dict[str, str]:
-    out = {}
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirements(lines) -> list[Requirement]:
+    """The requirement lines of a lock or a pip list (comments and blank lines skipped)."""
+    out = []
     for line in lines:
-        m = PIN.match(line)
-        if m:
-            out[m.group(1).lower().replace("_", "-")] = m.group(2)
+        line = line.split(" #")[0].strip()
+        if line and not line.startswith(("#", "-")):
+            out.append(Requirement(line))
     return out
 
 
-def test_pyproject_pins_match_the_lock_and_environment_yml():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    direct = pins(project["dependencies"] + sum(project["optional-dependencies"].values(), []))
-    lock = pins((ROOT / "requirements.lock").read_text().splitlines())
-    env_lines = [line.strip().lstrip("- ") for line in (ROOT / "environment.yml").read_text().splitlines()]
-    env = pins(env_lines)
-    assert direct["torch"] == "2.13.0" and lock["torch"] == "2.13.0"  # never another torch
-    for name, version in direct.items():
-        assert lock.get(name) == version, f"{name}: pyproject {version}, lock {lock.get(name)}"
-        assert env.get(name) == version, f"{name}: pyproject {version}, environment.yml {env.get(name)}"
-    assert "python=3.11" in (ROOT / "environment.yml").read_text()
+def environments():
+    """Marker environments for every supported platform and Python."""
+    machines = {"linux": ("x86_64", "aarch64"), "darwin": ("arm64",), "win32": ("AMD64",)}
+    os_names = {"linux": "posix", "darwin": "posix", "win32": "nt"}
+    systems = {"linux": "Linux", "darwin": "Darwin", "win32": "Windows"}
+    for platform in PLATFORMS:
+        for machine in machines[platform]:
+            for python in SUPPORTED_PYTHONS:
+                yield {"sys_platform": platform, "platform_system": systems[platform], "os_name": os_names[platform],
+                       "platform_machine": machine, "python_full_version": python,
+                       "python_version": ".".join(python.split(".")[:2]), "implementation_name": "cpython",
+                       "platform_python_implementation": "CPython", "extra": ""}
+
+
+def applies(req: Requirement, env: dict) -> bool:
+    return req.marker is None or req.marker.evaluate(env)
+
+
+def pinned(reqs: list[Requirement], env: dict) -> dict[str, str]:
+    """name -> exact version of the requirements that apply in env (one pin per name)."""
+    out = {}
+    for req in reqs:
+        if applies(req, env):
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"{req}: a lock pins exact versions"
+            assert canonical(req.name) not in out, f"{req.name} pinned twice for {env}"
+            out[canonical(req.name)] = spec.version
+    return out
+
+
+def project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def direct_requirements() -> list[Requirement]:
+    meta = project()
+    return [Requirement(r) for r in meta["dependencies"] + sum(meta["optional-dependencies"].values(), [])]
+
+
+def environment_yml():
+    import yaml
+
+    return yaml.safe_load((ROOT / "environment.yml").read_text())
+
+
+def environment_yml_pip() -> list[str]:
+    (pip,) = [d["pip"] for d in environment_yml()["dependencies"] if isinstance(d, dict)]
+    return pip
+
+
+def test_every_locked_version_satisfies_pyprojects_ranges_on_every_platform():
+    meta = project()
+    student = [Requirement(r) for r in meta["dependencies"]]
+    extras = [Requirement(r) for r in sum(meta["optional-dependencies"].values(), [])]
+    for which, reqs in (("student", student), ("contributor", student + extras)):
+        lock = requirements(LOCKS[which].read_text().splitlines())
+        for env in environments():
+            pins = pinned(lock, env)
+            for req in reqs:
+                if not applies(req, env):
+                    continue
+                name = canonical(req.name)
+                assert name in pins, f"{which} lock has no {name} for {env['sys_platform']} {env['platform_machine']} " \
+                    f"Python {env['python_full_version']}"
+                assert req.specifier.contains(pins[name], prereleases=True), \
+                    f"{which} lock: {name}=={pins[name]} is outside pyproject's {req}"
+
+
+def test_the_student_and_contributor_locks_agree_and_torch_is_2_13_0():
+    student = requirements(LOCKS["student"].read_text().splitlines())
+    contributor = requirements(LOCKS["contributor"].read_text().splitlines())
+    for env in environments():
+        s, c = pinned(student, env), pinned(contributor, env)
+        assert s["torch"] == c["torch"] == "2.13.0"  # never another torch: the suite and the records ran on it
+        assert ("triton" in s) == (env["sys_platform"] == "linux"), "triton has Linux wheels only"
+        different = {n: (v, c.get(n)) for n, v in s.items() if c.get(n) != v}
+        assert not different, f"student vs contributor lock on {env['sys_platform']} Python " \
+            f"{env['python_full_version']}: {different}"
+    assert "pytest" not in pinned(student, next(environments())), "the student lock carries no test toolchain"
+
+
+def test_environment_yml_pins_the_locks_direct_dependencies():
+    """environment.yml's pip list is pyproject's direct dependencies at the contributor lock's
+    versions, with the same markers, and its Python is the supported range."""
+    contributor = requirements(LOCKS["contributor"].read_text().splitlines())
+    env_reqs = requirements(environment_yml_pip())
+    names = {canonical(r.name) for r in env_reqs}
+    assert names == {canonical(r.name) for r in direct_requirements()}, "environment.yml vs pyproject"
+    for env in environments():
+        wanted = pinned(contributor, env)
+        got = pinned(env_reqs, env)
+        direct = {canonical(r.name) for r in direct_requirements() if applies(r, env)}
+        assert got == {n: wanted[n] for n in direct}, f"environment.yml on {env['sys_platform']} " \
+            f"Python {env['python_full_version']}"
+    assert "python>=3.11,<3.14" in environment_yml()["dependencies"], "environment.yml: python>=3.11,<3.14"
+    assert project()["requires-python"] == ">=3.11,<3.14"
 
 
 def test_installed_versions_are_the_locked_ones():
     from importlib.metadata import version
 
-    lock = pins((ROOT / "requirements.lock").read_text().splitlines())
-    for name in ("torch", "numpy", "plotly", "ipywidgets", "jupyterlab", "nbval", "jupytext", "jupyter-book"):
+    env = {"sys_platform": sys.platform, "platform_system": platform.system(), "os_name": os.name,
+           "platform_machine": platform.machine(), "python_full_version": platform.python_version(),
+           "python_version": ".".join(platform.python_version_tuple()[:2]), "implementation_name": sys.implementation.name,
+           "platform_python_implementation": platform.python_implementation(), "extra": ""}
+    lock = pinned(requirements(LOCKS["contributor"].read_text().splitlines()), env)
+    for name in ("torch", "numpy", "plotly", "ipywidgets", "jupyterlab", "nbval", "jupytext", "jupyter-book", "soupsieve"):
         assert version(name).split("+")[0] == lock[name], name
 
 
