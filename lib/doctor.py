@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from lib.course import LESSONS
+from lib.hosted import MIN_TORCH, TESTED_TORCH
 
-__all__ = ["Capabilities", "capabilities", "report", "triton_mode"]
+__all__ = ["Capabilities", "capabilities", "report", "torch_note", "triton_mode"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ def triton_mode() -> str:
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return "compiled"
     return "interpreter"
+
+
+def torch_note(version: str) -> str:
+    """How this torch relates to the tested one (2.13.0) and the supported range (2.11 or newer)."""
+    release = version.split("+")[0]
+    if release == TESTED_TORCH:
+        return "the tested version"
+    major_minor = tuple(int(part) for part in release.split(".")[:2])
+    if major_minor < tuple(int(part) for part in MIN_TORCH.split(".")):
+        return f"WARNING: older than {MIN_TORCH}, the oldest supported: lessons may fail; install torch {TESTED_TORCH}"
+    return (f"WARNING: not the tested {TESTED_TORCH} (supported: {MIN_TORCH} or newer; every lesson also runs on 2.14.1): "
+            "a printed number may differ slightly from the one stored in the notebook")
 
 
 def capabilities() -> Capabilities:
@@ -102,6 +115,7 @@ def report(caps: Capabilities | None = None, file=None) -> Capabilities:
     lines = [
         "One Mask capability check",
         f"  python {caps.python} | torch {caps.torch} | numpy {caps.numpy} | triton {caps.triton or 'missing'}",
+        f"  torch {caps.torch}: {torch_note(caps.torch)}",
         f"  CPU: {caps.cpu_cores} cores, torch uses {caps.torch_threads} threads",
         f"  CUDA GPU: {gpu}",
         f"  Apple MPS: {'available (the lessons still use the CPU)' if caps.mps else 'no'}",

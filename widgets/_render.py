@@ -5,13 +5,19 @@ A figure is displayed as two outputs of the same data:
 - `text/html` with a `<div>` whose id is a hash of the figure (not a random uuid) and no
   plotly.js inside: the Jupyter Book page serves plotly.js once from its own `_static/`.
 Both are byte-for-byte the same on every run, so `pytest --nbval` can compare them, and a
-notebook with ten figures stays tens of kilobytes instead of tens of megabytes.
+notebook with ten figures stays tens of kilobytes instead of tens of megabytes. JupyterLab,
+Jupyter Notebook 7 (built on JupyterLab) and VS Code draw the plotly JSON.
+
+Colab shows each output in a sandbox that draws neither: there (and in Kaggle) figures go
+through plotly's own renderer for that site, which loads plotly.js from its CDN.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -51,11 +57,27 @@ class StableHtmlRenderer(MimetypeRenderer):
         return {"text/html": html}
 
 
+def environment() -> str:
+    """Where this kernel's figures are shown: "colab", "kaggle", or "jupyter" (JupyterLab,
+    Notebook 7, VS Code, and the course's own runs: nbval and the book)."""
+    if "google.colab" in sys.modules:
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
+        return "kaggle"
+    return "jupyter"
+
+
 def use_stable_renderer() -> None:
-    """Register the renderer and make `fig.show()` emit the plotly JSON + stable HTML pair;
-    new figures use the course template (white background, colour-blind-safe colours)."""
+    """Register the renderer and make `fig.show()` emit the plotly JSON + stable HTML pair (in
+    Colab and Kaggle: plotly's renderer for the site); new figures use the course template
+    (white background, colour-blind-safe colours)."""
     pio.renderers[RENDERER] = StableHtmlRenderer()
-    pio.renderers.default = f"plotly_mimetype+{RENDERER}"
+    where = environment()
+    pio.renderers.default = where if where != "jupyter" else f"plotly_mimetype+{RENDERER}"
+    if where == "colab":  # the live widgets (anywidget, plotly's FigureWidget) need Colab's widget manager
+        from google.colab import output
+
+        output.enable_custom_widget_manager()
     template = go.layout.Template(pio.templates["plotly_white"])
     template.layout.colorway = OKABE_ITO
     pio.templates[TEMPLATE] = template
