@@ -109,3 +109,9 @@ clean:
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The hosted path (Colab, Kaggle, a JupyterHub), end to end, outside `make test` (about 20 minutes):
+# a fresh venv with torch 2.14.1 gets the course through the lessons' setup cell, then runs every lesson.
+.PHONY: test-hosted
+test-hosted:
+	$(PYTHON) tools/test_hosted.py
