@@ -149,6 +149,22 @@ def test_installed_versions_are_the_locked_ones():
         assert version(name).split("+")[0] == lock[name], name
 
 
+def test_licence_and_citation_agree_with_pyproject():
+    import yaml
+
+    meta = project()
+    assert all((ROOT / f).is_file() for f in meta["license-files"]), meta["license-files"]
+    assert meta["license"] == "MIT AND CC-BY-4.0"
+    assert "MIT License" in (ROOT / "LICENSE").read_text() and "CC BY 4.0" in (ROOT / "LICENSE-content.md").read_text()
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0" and citation["version"] == meta["version"]
+    assert sorted(citation["license"]) == ["CC-BY-4.0", "MIT"]
+    pythons = sorted(c.rsplit(":: ", 1)[1] for c in meta["classifiers"] if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert pythons == ["3.11", "3.12", "3.13"], "classifiers vs requires-python"
+    for text in ((ROOT / "README.md").read_text(), (ROOT / "book" / "intro.md").read_text()):
+        assert "MIT License" in text and "CC BY 4.0" in text
+
+
 def test_every_lesson_is_paired_and_in_sync(tmp_path):
     """The .ipynb holds exactly the cells of its MyST source (jupytext --update changes nothing)."""
     assert MDS, "no lessons found"
