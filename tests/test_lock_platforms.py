@@ -50,6 +50,11 @@ def names(text: str) -> set[str]:
             for line in text.splitlines() if (m := NAME.match(line))}
 
 
+def pypi_only_env() -> dict[str, str]:
+    """The environment without uv's or pip's settings of this machine: PyPI, uv's default."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))} | {"NO_COLOR": "1"}
+
+
 def resolve(uv: str, lock: Path, platform: str, python: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         # --python: build with this interpreter instead of searching the machine for a 3.12 (slow)
@@ -58,8 +63,7 @@ def resolve(uv: str, lock: Path, platform: str, python: str) -> subprocess.Compl
          "--no-header", "--no-annotate", "--quiet", "--no-config", "--color", "never"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
         # only PyPI: no index or find-links of this machine's own
-        env={k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
-        | {"NO_COLOR": "1", "MACOSX_DEPLOYMENT_TARGET": MACOS},
+        env=pypi_only_env() | {"MACOSX_DEPLOYMENT_TARGET": MACOS},
     )
 
 
@@ -84,3 +88,17 @@ def failures(locks: list[Path]) -> list[str]:
 def test_every_lock_resolves_on_every_supported_platform_and_python():
     problems = failures([ROOT / name for name in LOCKS])
     assert not problems, "\n\n".join(problems)
+
+
+def test_the_locks_and_environment_yml_are_what_make_lock_writes_from_pyproject(tmp_path):
+    """Nobody edited a generated file by hand, and pyproject.toml did not change without a
+    re-lock: tools/lock.sh, run on copies, rewrites all three files byte for byte."""
+    files = ("pyproject.toml", "requirements.lock", "requirements-dev.lock", "environment.yml", "tools/lock.sh")
+    for name in files:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+    result = subprocess.run(["bash", str(tmp_path / "tools" / "lock.sh")], capture_output=True, text=True,
+                            timeout=300, env=pypi_only_env() | {"UV": uv_binary(), "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr
+    stale = [name for name in files[1:4] if (tmp_path / name).read_text() != (ROOT / name).read_text()]
+    assert not stale, f"{stale} differ from what `make lock` writes from pyproject.toml: run make lock"
