@@ -43,6 +43,7 @@ from lib._checks import require_int
 from lib.gpt import GPT, CausalSelfAttention, GPTConfig
 from lib.hybrid import HybridGPT, decode_state_bytes
 from lib.moe import MoE, moe_gpt
+from lib.precision import default_dtype
 from lib.ssm import MambaConfig, MambaLM, SelectiveSSM
 from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
 
@@ -314,8 +315,16 @@ def expert_scaling(setting: Setting | str, vocab_size: int, T: int = 256) -> lis
 # --------------------------------------------------------------------------- the whole run
 def run(setting: Setting | str = "default", *, on_step: Callable[[str, str, int, float], None] | None = None,
         timing: bool = True) -> dict:
-    """Train the four models on both tasks and measure everything lesson 08 reports. JSON-able."""
+    """Train the four models on both tasks and measure everything lesson 08 reports. JSON-able.
+
+    The models are built and trained in float64, as in the lesson (lib.precision: the same trained
+    models on every CPU); memory is reported for float32, as the models would be deployed."""
     s = _check_setting(setting)
+    with default_dtype(torch.float64):
+        return _run(s, on_step=on_step, timing=timing)
+
+
+def _run(s: Setting, *, on_step, timing: bool) -> dict:
     out: dict = dict(setting=asdict(s), architectures=list(ARCHITECTURES))
     # associative recall
     recall = MixedTask([recall_task(s, p) for p in s.recall_train_pairs])
@@ -337,7 +346,8 @@ def run(setting: Setting | str = "default", *, on_step: Callable[[str, str, int,
     out["copy_accuracy"] = {name: {str(copy_task(s, b).seq_len): a for b, a in row.items()} for name, row in grid.items()}
     # cost: FLOPs, memory, time
     out["flops"] = {name: [forward_flops(m, T) for T in s.flop_lengths] for name, m in models.items()}
-    out["state_bytes"] = {name: [decode_state_bytes(m, 1, S) for S in s.memory_contexts] for name, m in models.items()}
+    out["state_bytes"] = {name: [decode_state_bytes(m, 1, S, dtype=torch.float32) for S in s.memory_contexts]
+                          for name, m in models.items()}
     out["experts"] = expert_scaling(s, recall.vocab_size)
     if timing:
         out["seconds_per_token"] = {name: [decode_seconds_per_token(m, S) for S in s.decode_contexts]

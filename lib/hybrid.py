@@ -92,18 +92,21 @@ class HybridGPT(GPT):
         return f"pattern={self.pattern!r} ({', '.join(LAYER_KINDS[k] for k in self.pattern)})"
 
 
-def decode_state_bytes(model, batch: int, seq_len: int, dtype: torch.dtype | str = torch.float32) -> int:
+def decode_state_bytes(model, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int:
     """Bytes a decoder carries between tokens after reading seq_len tokens, for batch sequences:
 
     - GPT (dense or MoE): the KV cache, 2 · L · B · S · H · D · bytes (lib.kv_cache.kv_cache_bytes);
     - MambaLM: the recurrent state, L · B · E · (K − 1 + N) · bytes (lib.ssm.state_bytes), any S;
     - HybridGPT: the KV cache of its "A" layers plus the state of its "M" layers.
 
-    Exactly the bytes of the tensors `new_caches(batch, seq_len)` / `new_state(batch)` allocate.
+    Exactly the bytes of the tensors `new_caches(batch, seq_len)` / `new_state(batch)` allocate;
+    `dtype` defaults to the model's parameter dtype (what they allocate).
     """
     require_int("batch", batch, minimum=1)
     require_int("seq_len", seq_len, minimum=1)
-    bpe = dtype_bytes(dtype)
+    if dtype is None and isinstance(model, torch.nn.Module):
+        dtype = next(model.parameters()).dtype
+    bpe = dtype_bytes(dtype if dtype is not None else torch.float32)
     if isinstance(model, MambaLM):
         return state_bytes(model, batch, dtype)
     if isinstance(model, HybridGPT):

@@ -106,13 +106,18 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_fact
     return math.ceil(Fraction(repr(float(capacity_factor))) * num_tokens * top_k / num_experts)
 
 
+def _softmax_dtype(logits: torch.Tensor) -> torch.dtype:
+    """At least fp32, as HF Mixtral's router (fp64 stays fp64)."""
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
 def _route(logits: torch.Tensor, top_k: int, gating: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits (N, E) -> gates (N, K) in the logits' dtype, experts (N, K) int64."""
     if gating == "topk_softmax":
         top, experts = logits.topk(top_k, dim=-1)  # (N, K) each
-        gates = F.softmax(top, dim=-1, dtype=torch.float32)
+        gates = F.softmax(top, dim=-1, dtype=_softmax_dtype(logits))
     else:
-        probs = F.softmax(logits, dim=-1, dtype=torch.float32)  # (N, E), in fp32 as HF Mixtral
+        probs = F.softmax(logits, dim=-1, dtype=_softmax_dtype(logits))  # (N, E), fp32 or more, as HF Mixtral
         gates, experts = probs.topk(top_k, dim=-1)  # (N, K) each
         if gating == "softmax_topk":
             gates = gates / gates.sum(dim=-1, keepdim=True)
@@ -376,9 +381,9 @@ def load_balancing_loss(router_logits, top_k: int) -> torch.Tensor:
     require_int("top_k", top_k, minimum=1)
     if top_k > E:
         raise ValueError(f"top_k must be <= the number of experts E={E}, got top_k={top_k}")
-    probs = F.softmax(logits, dim=-1, dtype=torch.float32)  # (N, E)
+    probs = F.softmax(logits, dim=-1, dtype=_softmax_dtype(logits))  # (N, E)
     chosen = logits.topk(top_k, dim=-1).indices  # (N, K)
-    f = torch.bincount(chosen.reshape(-1), minlength=E).float() / N  # (E,), sums to K
+    f = torch.bincount(chosen.reshape(-1), minlength=E).to(probs.dtype) / N  # (E,), sums to K
     P = probs.mean(dim=0)  # (E,), sums to 1
     return E * (f * P).sum()
 
@@ -387,7 +392,7 @@ def router_z_loss(router_logits) -> torch.Tensor:
     """ST-MoE's router z-loss (§3.1, eq. 5): mean over tokens of logsumexp(logits)², which keeps
     the router's logits small (bf16 round-off in the softmax grows with their size)."""
     logits = _as_logits(router_logits)  # (N, E)
-    return torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+    return torch.logsumexp(logits.to(_softmax_dtype(logits)), dim=-1).pow(2).mean()
 
 
 # --------------------------------------------------------------------------- counting

@@ -845,7 +845,8 @@ def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str,
         model.train(was_training)
     finally:
         hook.remove()
-    x = seen["x"].float()  # (B, T, D): the SSM's input (after the conv and SiLU)
+    work = torch.promote_types(seen["x"].dtype, torch.float32)  # fp32 at least; a float64 model stays float64
+    x = seen["x"].to(work)  # (B, T, D): the SSM's input (after the conv and SiLU)
     delta, A, B, C = ssm.ssm_params(x)
     A_bar, Bx = torch.exp(delta.unsqueeze(-1) * A), (delta * x).unsqueeze(-1) * B.unsqueeze(2)  # (B, T, D, N) each
     h, states = torch.zeros_like(A_bar[:, 0]), []
@@ -855,16 +856,17 @@ def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str,
     states = torch.stack(states, dim=1)  # (B, T, D, N)
     y = (states * C.unsqueeze(2)).sum(-1) + ssm.D * x  # (B, T, D)
     # fp32: the layer's scan (chunked or not) and this step-by-step loop differ by rounding only
-    if not torch.allclose(y, seen["y"].float(), rtol=1e-4, atol=1e-5):
+    if not torch.allclose(y, seen["y"].to(work), rtol=1e-4, atol=1e-5):
         raise RuntimeError("the recomputed states do not reproduce the layer's output")
     return {"delta": delta, "h": states}
 
 
-def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch.dtype | str = torch.float32) -> int:
+def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch.dtype | str | None = None) -> int:
     """Bytes of a MambaLM's recurrent state for `batch` sequences, at any position:
     n_layers × B × d_inner × ((K − 1) + N) × bytes per element.
 
-    `dtype` a torch.dtype or a name of lib.kv_cache.DTYPE_BYTES ("fp16"). For mamba-130m's shape
+    `dtype` a torch.dtype or a name of lib.kv_cache.DTYPE_BYTES ("fp16"); by default the model's
+    parameter dtype (what `new_state` allocates), float32 for a config. For mamba-130m's shape
     (24 layers, d_inner 1536, N 16, K 4) in fp16 that is 1.4 MB per sequence, whatever the length;
     compare `lib.kv_cache.kv_cache_bytes`, which grows by a fixed amount per position.
     """
@@ -875,6 +877,8 @@ def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch
     else:
         raise TypeError(f"model_or_config must be a MambaLM or a MambaConfig, got {type(model_or_config).__name__}")
     require_int("batch", batch, minimum=1)
+    if dtype is None:
+        dtype = next(model_or_config.parameters()).dtype if isinstance(model_or_config, MambaLM) else torch.float32
     bpe = dtype_bytes(dtype)
     n_elems = config.n_layers * batch * config.d_inner * (config.d_conv - 1 + config.d_state)
     return math.ceil(n_elems * bpe)

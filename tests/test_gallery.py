@@ -53,11 +53,16 @@ def test_registry_holds_the_eight_classroom_widgets_in_course_order():
 
 
 def _router_claim(_widget):
-    """The notice: without the balance loss the busiest expert takes more than with α = 1."""
+    """The notice: with α = 1 the auxiliary loss reaches its floor K = 2 and with α = 0 it does not,
+    while the busiest expert takes well over its even share in both. The runs train in float64, so
+    these are the same numbers on every CPU (in float32 the busiest expert at α = 1 read 1.62 on one
+    CPU kernel and 1.98 on another); the margins are still wide."""
     runs = gallery._moe_runs()
+    aux = {label: sum(run["aux_loss"][-10:]) / 10 for label, run in runs.items()}
     busiest = {label: (run["load"][-10:].max(dim=-1).values.mean() * run["load"].shape[-1]).item()
                for label, run in runs.items()}
-    assert busiest["α = 0"] > busiest["α = 1"] + 0.2, busiest
+    assert abs(aux["α = 1"] - 2) < 0.05 and aux["α = 0"] > 2.3, aux
+    assert min(busiest.values()) > 1.5, busiest
 
 
 def _ssm_claim(widget):

@@ -8,7 +8,8 @@ from lib.gpt import GPT, GPTConfig, generate
 from lib.hybrid import HybridGPT, decode_state_bytes
 from lib.kv_cache import KVCache
 from lib.moe import moe_gpt
-from lib.ssm import MambaConfig, MambaLM, MixerCache
+from lib.precision import default_dtype
+from lib.ssm import MambaConfig, MambaLM, MixerCache, state_bytes
 
 
 def tiny_hybrid(pattern="MAM", positions="rope", seed=0):
@@ -102,3 +103,16 @@ def test_bad_arguments_are_refused_with_the_reason():
         decode_state_bytes(model, 1, 0)
     with pytest.raises(ValueError, match="dtype_name must be one of"):
         decode_state_bytes(model, 1, 4, "fp64")
+
+
+def test_decode_state_bytes_counts_a_float64_model_in_float64():
+    """The lessons train in float64: by default the bytes are those its caches really allocate."""
+    with default_dtype(torch.float64):
+        hybrid = tiny_hybrid("MAM")
+        gpt = GPT(GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32))
+        mamba = MambaLM(MambaConfig(vocab_size=20, d_model=32, n_layers=3, d_state=8))
+    for model in (hybrid, gpt):
+        assert decode_state_bytes(model, 2, 17) == held_bytes(model.new_caches(2, 17))
+        assert decode_state_bytes(model, 2, 17) == 2 * decode_state_bytes(model, 2, 17, torch.float32)
+    assert decode_state_bytes(mamba, 2, 17) == mamba.new_state(2).nbytes == state_bytes(mamba, 2)
+    assert state_bytes(mamba.config, 2) == state_bytes(mamba, 2) // 2  # a config has no dtype: float32

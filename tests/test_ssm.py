@@ -418,3 +418,16 @@ def test_traced_states_are_the_layers_own_recurrence_and_selective_steps_differ_
         assert (spread > 1e-4) if selective else (spread == 0.0)  # Δ depends on the token only when selective
     with pytest.raises(ValueError, match="layer must be < n_layers"):
         trace_states(model, idx, layer=2)
+
+
+def test_traced_states_of_a_float64_model_stay_float64():
+    """trace_states recomputes in the model's dtype (at least fp32): a float64 model, as the lessons
+    train, is traced in float64 and its recomputation reproduces the layer to float64 rounding."""
+    from lib.precision import default_dtype
+
+    with default_dtype(torch.float64):
+        torch.manual_seed(0)
+        model = MambaLM(MambaConfig(vocab_size=10, d_model=16, n_layers=2))
+    idx = torch.randint(10, (2, 9), generator=torch.Generator().manual_seed(1))
+    tr = trace_states(model, idx, layer=1)
+    assert tr["h"].dtype == tr["delta"].dtype == torch.float64
