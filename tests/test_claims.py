@@ -118,3 +118,14 @@ def test_ledger_build_fails_loudly_without_a_required_claim(tmp_path):
     path.write_text(json.dumps(nb))
     with pytest.raises(ValueError, match="required claims missing"):
         build_claims.render([path])
+
+
+def test_verdict_summary_lists_each_claim_made_in_this_process_once_with_its_latest_verdict():
+    from lib.claims import registered, verdict_summary
+
+    claim("test-verdicts-a", "A holds", source="test", verdict="reproduced", evidence="measured a")
+    claim("test-verdicts-b", "B holds", source="test", verdict="contradicted", evidence="measured b")
+    claim("test-verdicts-a", "A holds", source="test", verdict="contradicted", evidence="measured again")
+    lines = [line for line in verdict_summary().splitlines() if "test-verdicts" in line]
+    assert lines == ["✘ contradicted         test-verdicts-a", "✘ contradicted         test-verdicts-b"]
+    assert [c.id for c in registered() if c.id.startswith("test-verdicts")] == ["test-verdicts-a", "test-verdicts-b"]
