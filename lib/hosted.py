@@ -27,12 +27,16 @@ try:
 except ImportError:  # a bare Python: pip carries its own copy
     from pip._vendor.packaging.requirements import Requirement
 
-__all__ = ["COURSE", "HELD", "MIN_TORCH", "TESTED_TORCH", "bootstrap", "pip_install_command", "plan"]
+__all__ = ["COURSE", "FRONTEND", "HELD", "MIN_TORCH", "TESTED_TORCH", "bootstrap", "pip_install_command", "plan"]
 
 COURSE = Path(__file__).resolve().parent.parent  # the course's folder: pyproject.toml, lessons/, benchmarks/
 MIN_TORCH = "2.11"  # the oldest torch lib supports; pyproject.toml says the same
 TESTED_TORCH = "2.13.0"  # the lock's torch, which the whole suite runs on (2.14.1 runs every lesson too)
 HELD = ("torch", "numpy", "triton")  # kept as installed: a hosted runtime's torch comes with its own
+# Not installed by the bootstrap: a hosted notebook brings its own frontend (installing JupyterLab
+# into Colab or a hub's image could upgrade the jupyter_server it runs on), and Voila serves only
+# `make demo`'s classroom gallery. No lesson imports either.
+FRONTEND = ("jupyterlab", "voila")
 
 
 def installed(name: str) -> str | None:
@@ -48,16 +52,18 @@ def requirements(root: Path = COURSE) -> list[str]:
     return tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
-def plan(reqs: list[str], version=None) -> tuple[list[str], list[str], list[str]]:
+def plan(reqs: list[str], version=None, skip=FRONTEND) -> tuple[list[str], list[str], list[str]]:
     """(to_install, constraints, problems): the requirements this Python lacks or has outside the
-    course's range; `name==version` for each held package that is installed; and why a held
-    package cannot stay (then nothing should be installed)."""
+    course's range (except those named in `skip`); `name==version` for each held package that is
+    installed; and why a held package cannot stay (then nothing should be installed)."""
     version = version or installed
     to_install, constraints, problems = [], [], []
     for line in reqs:
         req = Requirement(line)
         if req.marker and not req.marker.evaluate({"extra": ""}):
             continue  # another platform's requirement (triton off Linux)
+        if req.name in skip:
+            continue
         have = version(req.name)
         if req.name in HELD and have:
             constraints.append(f"{req.name}=={have}")

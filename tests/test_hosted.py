@@ -111,6 +111,18 @@ def test_colab_bootstrap_installs_only_what_is_missing_and_holds_torch_numpy_tri
     assert str(ROOT) in sys.path and "keeping torch==2.14.1+cu128" in said
 
 
+def test_bootstrap_leaves_the_frontend_to_the_hosted_runtime(monkeypatch):
+    """No JupyterLab, no Voila here (Colab runs its own frontend): the bootstrap installs neither,
+    while it still installs a missing library that the lessons import (nbclassic's jQuery)."""
+    runtime = {k: v for k, v in COLAB.items() if k != "jupyterlab"}
+    pip = Pip()
+    ok, said = run_bootstrap(monkeypatch, runtime, pip)
+    assert ok, said
+    asked = pip.commands[0][pip.commands[0].index("--constraint") + 2:]
+    assert not any(a.startswith(("jupyterlab", "voila")) for a in asked), asked
+    assert "nbclassic>=1" in asked and set(hosted.FRONTEND) == {"jupyterlab", "voila"}
+
+
 def test_bootstrap_refuses_a_torch_older_than_supported_and_installs_nothing(monkeypatch):
     pip = Pip()
     ok, said = run_bootstrap(monkeypatch, {**COLAB, "torch": "2.9.0+cu126"}, pip)
