@@ -130,11 +130,26 @@ def registered() -> list[Claim]:
     return list(_REGISTERED.values())
 
 
-def verdict_summary() -> str:
+def verdict_summary(timed: Iterable[str] = ()) -> str:
     """One line per claim made in this kernel: "verdict  id". A lesson prints it last, in a cell
     nbval compares, so a verdict that changes with the CPU's rounding fails the suite even where
-    the evidence's digits are not compared (runs whose training is chaotic at this scale)."""
-    return "\n".join(f"{_MARK[c.verdict]} {c.verdict:20s} {c.id}" for c in _REGISTERED.values())
+    the evidence's digits are not compared (runs whose training is chaotic at this scale).
+
+    `timed`: ids of claims decided by wall-clock time on this machine (another machine, or a busy
+    one, may decide them the other way); they are listed without their verdict. Each must have
+    been registered in this kernel."""
+    if isinstance(timed, str):
+        raise TypeError(f"timed is a collection of claim ids, got the string {timed!r}")
+    timed = set(timed)
+    unknown = sorted(timed - set(_REGISTERED))
+    if unknown:
+        raise ValueError(f"timed names claims not registered in this kernel: {unknown} "
+                         f"(registered: {sorted(_REGISTERED)})")
+    lines = []
+    for c in _REGISTERED.values():
+        mark, verdict = ("⏱", "timed on this CPU") if c.id in timed else (_MARK[c.verdict], c.verdict)
+        lines.append(f"{mark} {verdict:20s} {c.id}")
+    return "\n".join(lines)
 
 
 def reproduced_if(holds: Any) -> str:

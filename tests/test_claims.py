@@ -129,3 +129,21 @@ def test_verdict_summary_lists_each_claim_made_in_this_process_once_with_its_lat
     lines = [line for line in verdict_summary().splitlines() if "test-verdicts" in line]
     assert lines == ["✘ contradicted         test-verdicts-a", "✘ contradicted         test-verdicts-b"]
     assert [c.id for c in registered() if c.id.startswith("test-verdicts")] == ["test-verdicts-a", "test-verdicts-b"]
+
+
+def test_verdict_summary_lists_timed_claims_without_their_verdict():
+    """A verdict decided by wall time can flip on a busy machine: the compared summary names it only."""
+    from lib.claims import verdict_summary
+
+    claim("test-timed-a", "A is slower", source="test", verdict="reproduced", evidence="1.3x the time")
+    claim("test-timed-b", "B is smaller", source="test", verdict="reproduced", evidence="half the bytes")
+    lines = [line for line in verdict_summary(timed=["test-timed-a"]).splitlines() if "test-timed" in line]
+    assert lines == ["⏱ timed on this CPU    test-timed-a", "✔ reproduced           test-timed-b"]
+    before = verdict_summary(timed={"test-timed-a"})
+    claim("test-timed-a", "A is slower", source="test", verdict="contradicted", evidence="0.9x on a busy machine")
+    assert verdict_summary(timed={"test-timed-a"}) == before  # the flip does not show in the compared list
+    assert "✘ contradicted         test-timed-a" in verdict_summary()  # but does without `timed`
+    with pytest.raises(ValueError, match="not registered in this kernel.*'test-timed-zzz'"):
+        verdict_summary(timed=["test-timed-zzz"])
+    with pytest.raises(TypeError, match="collection of claim ids"):
+        verdict_summary(timed="test-timed-a")
