@@ -72,13 +72,12 @@ lab: $(STUDENT_STAMP)
 demo: $(STUDENT_STAMP)
 	exec $(BIN)/python tools/make_gallery.py .demo --serve --port=$(DEMO_PORT)
 
-# The whole suite; any failing part makes it exit non-zero. The unit tests and the book first,
-# then nbval and the browser tests side by side (each part's output printed when it ends): every
-# kernel there runs torch on one thread, so three of them share 2 cores without oversubscribing.
+# The whole suite, in order; any failing part stops it with a non-zero exit.
 test: $(STAMP)
 	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory test-lessons
 	$(MAKE) --no-print-directory book
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-lessons test-browser
+	$(MAKE) --no-print-directory test-browser
 	@echo "make test: every part passed (unit, pairing, exercises, nbval, book, browser)"
 
 test-unit: $(STAMP)
@@ -89,15 +88,14 @@ test-unit: $(STAMP)
 # SSE4.2, and torch on one thread where the notebooks were executed on two (other splits of a
 # parallel sum). A stored output that depends on the CPU's rounding fails here, on the machine
 # that made it, instead of on the next student's laptop. ONEMASK_NBVAL_NUMERICS=native runs it
-# unperturbed (still on one thread).
+# unperturbed (still on one thread). Two notebooks at a time (xdist, one worker per notebook),
+# each kernel on one thread: the two cores stay busy without oversubscribing them.
 PERTURBED_NUMERICS := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
 test-lessons: $(STAMP)
-	$(if $(filter native,$(ONEMASK_NBVAL_NUMERICS)),,$(PERTURBED_NUMERICS)) OMP_NUM_THREADS=1 $(BIN)/pytest --nbval lessons/ -rs -q
+	$(if $(filter native,$(ONEMASK_NBVAL_NUMERICS)),,$(PERTURBED_NUMERICS)) OMP_NUM_THREADS=1 $(BIN)/pytest --nbval lessons/ -n 2 --dist loadscope -rs -q
 
-# Two workers, a test file each at a time (JupyterLab running every lesson takes one of them); the
-# kernels that JupyterLab and Voila start run torch on one thread.
 test-browser: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/pytest tests/browser -n 2 --dist loadfile -rs -q
+	$(BIN)/pytest tests/browser -rs -q
 
 book: $(STAMP)
 	$(BIN)/python tools/build_claims.py

@@ -36,13 +36,6 @@ CELL_STATE_JS = """() => {
   return {errors, unrun, n: cells.length, plotly, widgets: html, exercises};
 }"""
 
-# A live widget's plotted data as JSON (null until plotly has drawn it): the first plot inside
-# the widget boxes of code cell i, found anew each time it is called.
-PLOT_DATA_JS = """(i) => {
-  const el = window.jupyterapp.shell.currentWidget.content.widgets[i].node.querySelector('.widget-vbox .js-plotly-plot');
-  return el && el.data && el.data.length >= 1 ? JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text])) : null;
-}"""
-
 SCROLL_TO_JS = """async (i) => { const nb = window.jupyterapp.shell.currentWidget.content;
   nb.activeCellIndex = i; await nb.scrollToItem(i); }"""
 
@@ -134,10 +127,8 @@ def test_every_live_widget_responds_to_a_control(lab_page):
             continue  # a widget without a plot (e.g. a loss curve's own cell is checked elsewhere)
         plot = box.locator(".js-plotly-plot").first
         plot.wait_for(timeout=60_000)
-        # The plot is looked up afresh on every poll (PLOT_DATA_JS), never through a handle: a
-        # widget may redraw into a new element after it first appears, most often on a busy runner.
-        page.wait_for_function(f"(i) => ({PLOT_DATA_JS})(i) !== null", arg=i, timeout=60_000)
-        before = page.evaluate(PLOT_DATA_JS, i)
+        page.wait_for_function("(el) => el.data && el.data.length >= 1", arg=plot.element_handle(), timeout=30_000)
+        before = plot.evaluate("(el) => JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text]))")
         selects = box.locator(".widget-dropdown select")
         if selects.count():
             select = selects.first
@@ -149,7 +140,8 @@ def test_every_live_widget_responds_to_a_control(lab_page):
             handle.focus()
             for _ in range(3):
                 handle.press("ArrowRight")
-        page.wait_for_function(f"([i, old]) => ({PLOT_DATA_JS})(i) !== old", arg=[i, before], timeout=60_000)
+        page.wait_for_function("([el, old]) => JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text])) !== old",
+                               arg=[plot.element_handle(), before], timeout=30_000)
         checked += 1
     assert checked >= 1, "every lesson has at least one live widget"
 
