@@ -88,8 +88,8 @@ test-unit: $(STAMP)
 # SSE4.2, and torch on one thread where the notebooks were executed on two (other splits of a
 # parallel sum). A stored output that depends on the CPU's rounding fails here, on the machine
 # that made it, instead of on the next student's laptop. ONEMASK_NBVAL_NUMERICS=native runs it
-# unperturbed (still on one thread). Two notebooks at a time (xdist, one worker per notebook),
-# each kernel on one thread: the two cores stay busy without oversubscribing them.
+# unperturbed (still on one thread). Two notebooks run at a time (xdist, a notebook per worker):
+# with one thread each, they keep two cores busy without oversubscribing them.
 PERTURBED_NUMERICS := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
 test-lessons: $(STAMP)
 	$(if $(filter native,$(ONEMASK_NBVAL_NUMERICS)),,$(PERTURBED_NUMERICS)) OMP_NUM_THREADS=1 $(BIN)/pytest --nbval lessons/ -n 2 --dist loadscope -rs -q
