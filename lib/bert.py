@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from lib._checks import require_rank, require_tensor, require_token_ids
 from lib.attention import attention, attention_weights
 from lib.masks import padding_mask
+from lib.training_cache import replayable
 
 __all__ = ["Bert", "BertConfig", "BertForMaskedLM", "init_gradient_norms", "load_minilm", "mean_pool", "minilm_path",
            "minilm_tokenizer", "mlm_corrupt", "predict_masked", "train_mlm"]
@@ -368,6 +369,7 @@ def mlm_corrupt(input_ids: torch.Tensor, *, mask_token_id: int, vocab_size: int,
     return corrupted, labels
 
 
+@replayable
 def train_mlm(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.Tensor, *, mask_token_id: int,
               special_token_ids, steps: int = 300, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
               on_step=None) -> list[float]:

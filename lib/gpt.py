@@ -46,6 +46,7 @@ from lib.kv_cache import KVCache
 from lib.masks import padding_mask
 from lib.rope import apply_rope, rope_cos_sin
 from lib.sampling import sample_next_token
+from lib.training_cache import replayable
 
 __all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "evaluate_loss", "forward_flops",
            "generate", "get_batch", "train_gpt"]
@@ -427,6 +428,7 @@ def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, generator: torc
     return x, y
 
 
+@replayable
 def train_gpt(model: GPT, data: torch.Tensor, *, steps: int = 500, batch_size: int = 32, seq_len: int | None = None,
               lr: float = 3e-3, weight_decay: float = 0.1, warmup: int | None = None, seed: int = 0,
               on_step=None) -> list[float]:

@@ -51,6 +51,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import require_int, require_rank, require_tensor
+from lib.training_cache import replayable
 
 __all__ = ["ACTIVATIONS", "DISPATCHES", "GATINGS", "MIXTRAL_8X7B", "MoE", "MoEFeedForward", "MoETrainRecord",
            "RoutingStats", "expert_capacity", "load_balancing_loss", "moe_from_mixtral", "moe_gpt", "moe_param_counts",
@@ -513,6 +514,7 @@ class MoETrainRecord:
         return self.load[-last:].mean(dim=0)
 
 
+@replayable
 def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8, top_k: int = 2,
                  n_layer: int = 2, n_embd: int = 64, n_head: int = 4, d_ff: int = 128, batch_size: int = 16,
                  seq_len: int = 32, lr: float = 1e-2, z_loss: float = 0.0, capacity_factor: float | None = None,

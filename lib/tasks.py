@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from lib._checks import require_int
+from lib.training_cache import replayable
 
 __all__ = ["BLANK", "IGNORE", "RECALL", "AssociativeRecall", "SelectiveCopying", "task_accuracy", "task_loss",
            "train_on_task"]
@@ -172,6 +173,7 @@ def task_loss(model, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
 
+@replayable
 def train_on_task(model, task: Task, *, steps: int = 300, batch_size: int = 32, lr: float = 3e-3,
                   weight_decay: float = 0.0, seed: int = 0, on_step=None) -> list[float]:
     """AdamW with a cosine schedule (5% warm-up) on fresh batches of `task`; returns every step's loss.
