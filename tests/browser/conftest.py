@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -125,6 +126,14 @@ def page_with_log(browser):
     return make
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A page that closes while a file is still being sent is the browser's business, not an error."""
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture(scope="session")
 def book_server():
     html = ROOT / "book" / "_build" / "html"
@@ -132,7 +141,7 @@ def book_server():
         pytest.fail("the book is not built: run `make book` first (make test does)")
     port = free_port()
     handler = partial(type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None}), directory=str(html))
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = _QuietServer(("127.0.0.1", port), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{port}"
@@ -142,12 +151,21 @@ def book_server():
 @pytest.fixture(scope="session")
 def lab_server(tmp_path_factory):
     """JupyterLab on 127.0.0.1 with a token, serving a scratch copy of lessons/ (so autosave
-    and executed outputs never touch the committed notebooks)."""
+    and executed outputs never touch the committed notebooks).
+
+    `ONEMASK_LAB_KERNEL_ENV` ("NAME=value NAME=value", as `make test-browser` sets it) goes into
+    the kernels' environment: nbval's numerics and `lib.training_cache`'s directory, so that the
+    lessons' trainings replay what nbval recorded instead of running a second time."""
     work = tmp_path_factory.mktemp("lab")
     shutil.copytree(ROOT / "lessons", work / "lessons", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     port, token = free_port(), "onemask-test-token"
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(work / "runtime"), JUPYTER_CONFIG_DIR=str(work / "config"),
                PYTHONHASHSEED="0")
+    for item in shlex.split(os.environ.get("ONEMASK_LAB_KERNEL_ENV", "")):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            pytest.fail(f"ONEMASK_LAB_KERNEL_ENV must hold NAME=value pairs, got {item!r}")
+        env[name] = value
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work / 'lessons'}",
            "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={work / 'workspaces'}",

@@ -6,6 +6,11 @@ lesson: the same cells, with the exercise solutions replaced by stubs), so one e
 both the lesson's cells in a real browser and that unsolved exercises answer with a hint, not a
 traceback. The lessons themselves, solutions included, run under nbval (`make test-lessons`),
 which also compares their outputs with the stored ones.
+
+Under `make test` the kernels get nbval's numerics and `lib.training_cache`'s directory
+(`ONEMASK_LAB_KERNEL_ENV`, see conftest.py): every training run nbval has just made is replayed
+here bit for bit (the same trained model, the same loss curve drawn again), so the suite trains
+each lesson's models once. Run alone, this file trains them for real.
 """
 
 import pytest
@@ -34,6 +39,13 @@ CELL_STATE_JS = """() => {
     }
   }
   return {errors, unrun, n: cells.length, plotly, widgets: html, exercises};
+}"""
+
+# A live widget's plotted data as JSON (null until plotly has drawn it): the first plot inside
+# the widget boxes of code cell i, found anew each time it is called.
+PLOT_DATA_JS = """(i) => {
+  const el = window.jupyterapp.shell.currentWidget.content.widgets[i].node.querySelector('.widget-vbox .js-plotly-plot');
+  return el && el.data && el.data.length >= 1 ? JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text])) : null;
 }"""
 
 SCROLL_TO_JS = """async (i) => { const nb = window.jupyterapp.shell.currentWidget.content;
@@ -127,8 +139,10 @@ def test_every_live_widget_responds_to_a_control(lab_page):
             continue  # a widget without a plot (e.g. a loss curve's own cell is checked elsewhere)
         plot = box.locator(".js-plotly-plot").first
         plot.wait_for(timeout=60_000)
-        page.wait_for_function("(el) => el.data && el.data.length >= 1", arg=plot.element_handle(), timeout=30_000)
-        before = plot.evaluate("(el) => JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text]))")
+        # The plot is looked up afresh on every poll (PLOT_DATA_JS), never through a handle: a
+        # widget may redraw into a new element after it first appears, most often on a busy runner.
+        page.wait_for_function(f"(i) => ({PLOT_DATA_JS})(i) !== null", arg=i, timeout=60_000)
+        before = page.evaluate(PLOT_DATA_JS, i)
         selects = box.locator(".widget-dropdown select")
         if selects.count():
             select = selects.first
@@ -140,8 +154,7 @@ def test_every_live_widget_responds_to_a_control(lab_page):
             handle.focus()
             for _ in range(3):
                 handle.press("ArrowRight")
-        page.wait_for_function("([el, old]) => JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text])) !== old",
-                               arg=[plot.element_handle(), before], timeout=30_000)
+        page.wait_for_function(f"([i, old]) => ({PLOT_DATA_JS})(i) !== old", arg=[i, before], timeout=60_000)
         checked += 1
     assert checked >= 1, "every lesson has at least one live widget"
 
