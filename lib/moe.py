@@ -514,7 +514,7 @@ class MoETrainRecord:
         return self.load[-last:].mean(dim=0)
 
 
-@replayable
+@replayable(seeds_global_rng=True)  # it calls torch.manual_seed(seed) before any draw
 def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8, top_k: int = 2,
                  n_layer: int = 2, n_embd: int = 64, n_head: int = 4, d_ff: int = 128, batch_size: int = 16,
                  seq_len: int = 32, lr: float = 1e-2, z_loss: float = 0.0, capacity_factor: float | None = None,

@@ -201,14 +201,16 @@ class _Hasher:
         return self.h.hexdigest()
 
 
-def run_key(fn, arguments: dict) -> str:
+def run_key(fn, arguments: dict, *, global_rng: bool = True) -> str:
     """The cache key of calling `fn` with `arguments` (name -> value, `on_step` left out) now:
-    SHA-256 over the function, every argument's content, torch's global random state and the
-    environment that decides the numerics. Raises Unfingerprintable for an input it cannot hash."""
+    SHA-256 over the function, every argument's content, torch's global random state (unless
+    `global_rng=False`: a function that seeds it before drawing from it) and the environment that
+    decides the numerics. Raises Unfingerprintable for an input it cannot hash."""
     hasher = _Hasher()
     hasher.feed(f"{fn.__module__}.{fn.__qualname__}")
     hasher.feed(_environment())
-    hasher.feed(torch.random.get_rng_state())
+    if global_rng:
+        hasher.feed(torch.random.get_rng_state())
     for name in sorted(arguments):
         hasher.feed(name)
         hasher.feed(arguments[name])
@@ -304,12 +306,17 @@ def _write(path: Path, entry: dict) -> None:
         raise
 
 
-def replayable(fn):
+def replayable(fn=None, *, seeds_global_rng: bool = False):
     """Decorate a training function so that its runs are recorded and replayed (module docstring).
 
     The function must take its callback as `on_step` and, when it trains a model it is given, take
     that model as `model`; a function that builds its own model returns it inside its result.
+    `@replayable(seeds_global_rng=True)` declares that the function seeds torch's global generator
+    before it draws from it, so the state it is called with is no input of the run (its state
+    after the run is still restored by a replay).
     """
+    if fn is None:
+        return functools.partial(replayable, seeds_global_rng=seeds_global_rng)
     signature = inspect.signature(fn)
     if "on_step" not in signature.parameters:
         raise TypeError(f"replayable: {fn.__qualname__} has no on_step parameter")
@@ -327,7 +334,7 @@ def replayable(fn):
         model = arguments.get("model")
         model = model if isinstance(model, torch.nn.Module) else None
         try:
-            key = run_key(fn, arguments)
+            key = run_key(fn, arguments, global_rng=not seeds_global_rng)
         except Unfingerprintable:
             return fn(*args, **kwargs)
         path = root / f"{fn.__module__}.{fn.__name__}" / f"{key}.pt"
