@@ -72,16 +72,21 @@ lab: $(STUDENT_STAMP)
 demo: $(STUDENT_STAMP)
 	exec $(BIN)/python tools/make_gallery.py .demo --serve --port=$(DEMO_PORT)
 
-# The whole suite, in order; any failing part stops it with a non-zero exit.
+# The whole suite, in order; any failing part stops it with a non-zero exit. It starts with an
+# empty training cache (lib.training_cache): the unit tests and nbval record every training run
+# they make, and the browser tests replay those runs instead of training the same models again.
 test: $(STAMP)
+	rm -rf $(TRAINING_CACHE)
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-lessons
 	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory test-browser
 	@echo "make test: every part passed (unit, pairing, exercises, nbval, book, browser)"
 
+# Recording never replays: every test trains for real. The gallery's builders train its three
+# models here, and the Voila gallery of the browser tests replays them.
 test-unit: $(STAMP)
-	$(BIN)/pytest tests --ignore=tests/browser -n 2 -rs -q
+	ONEMASK_TRAINING_CACHE=$(TRAINING_CACHE) ONEMASK_TRAINING_CACHE_MODE=record $(BIN)/pytest tests --ignore=tests/browser -n 2 -rs -q
 
 # Strict nbval, run under perturbed numerics: ATen's scalar kernels in place of its AVX2/AVX-512
 # ones (other float32 random initialisation, sums in another order), MKL and oneDNN held to
@@ -95,8 +100,8 @@ test-unit: $(STAMP)
 # end; every other lesson follows in order (--no-loadscope-reorder keeps this order, where
 # xdist would sort the notebooks by their number of cells).
 # Every training run nbval makes is recorded (lib.training_cache, record mode: nbval itself always
-# trains for real, into a cache emptied first); the browser tests' JupyterLab, whose kernels get
-# the same numerics, replays those runs bit for bit instead of training every lesson a second time.
+# trains for real); the browser tests' JupyterLab, whose kernels get the same numerics, replays
+# those runs bit for bit instead of training every lesson a second time.
 PERTURBED_NUMERICS := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
 LESSON_NUMERICS = $(if $(filter native,$(ONEMASK_NBVAL_NUMERICS)),,$(PERTURBED_NUMERICS)) OMP_NUM_THREADS=1
 TRAINING_CACHE := $(CURDIR)/.cache/training
@@ -104,13 +109,15 @@ NBVAL_FIRST := 03 08 06 07
 NBVAL_FIRST_FILES := $(foreach n,$(NBVAL_FIRST),$(wildcard lessons/$(n)-*.ipynb))
 NBVAL_FILES := $(NBVAL_FIRST_FILES) $(filter-out $(NBVAL_FIRST_FILES),$(sort $(wildcard lessons/[0-9][0-9]-*.ipynb)))
 test-lessons: $(STAMP)
-	rm -rf $(TRAINING_CACHE)
 	$(LESSON_NUMERICS) ONEMASK_TRAINING_CACHE=$(TRAINING_CACHE) ONEMASK_TRAINING_CACHE_MODE=record $(BIN)/pytest --nbval $(NBVAL_FILES) -n 2 --dist loadscope --no-loadscope-reorder -rs -q
 
-# JupyterLab's kernels run with nbval's numerics and replay its recorded trainings (a run nbval
-# did not make, as when this target runs alone, trains for real).
+# JupyterLab's kernels run with nbval's numerics and replay its recorded trainings; the gallery's
+# Voila kernels, with the unit tests' numerics, replay theirs. A run that was not recorded (as
+# when this target runs alone) trains for real. Two workers, a test file each at a time: one
+# starts on JupyterLab running every lesson (the longest file, collected first), the other takes
+# the gallery and the book's pages meanwhile.
 test-browser: $(STAMP)
-	ONEMASK_LAB_KERNEL_ENV="$(LESSON_NUMERICS) ONEMASK_TRAINING_CACHE=$(TRAINING_CACHE)" $(BIN)/pytest tests/browser -rs -q
+	ONEMASK_TRAINING_CACHE=$(TRAINING_CACHE) ONEMASK_LAB_KERNEL_ENV="$(LESSON_NUMERICS) ONEMASK_TRAINING_CACHE=$(TRAINING_CACHE)" $(BIN)/pytest tests/browser -n 2 --dist loadscope --no-loadscope-reorder -rs -q
 
 book: $(STAMP)
 	$(BIN)/python tools/build_claims.py
