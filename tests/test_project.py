@@ -254,3 +254,27 @@ def test_lessons_print_rounding_errors_as_bounds_not_digits(md):
     compared = [c for c in cells if "nbval-ignore-output" not in c.split("\n\n")[0]]
     offending = [line.strip() for c in compared for line in c.splitlines() if _SCI_FORMAT.search(line)]
     assert not offending, f"{md.name} prints errors digit by digit (use lib.precision.below): {offending}"
+
+
+# Student-facing text speaks of the course's subject, not of how it was made: the source articles
+# by their titles (the book's Sources page lists them), never as "the seed", and no issues,
+# goals or the authors' notes file. Random seeds ("seed=0", "another seed") are not meant.
+_MAKING_OF = re.compile(r"seed article|course's seed|\bthe seed's\b|\bseed \d{3}\b|SOURCES\.md|"
+                        r"\b(?:an?|the|this) issue\b|\bissue's\b|performance goal|course's goal", re.I)
+
+
+def _student_texts():
+    for md in MDS:
+        yield md.name, md.read_text()
+    for page in sorted((ROOT / "book").glob("*.md")):
+        yield f"book/{page.name}", page.read_text()
+    for md in MDS:
+        nb = json.loads(md.with_suffix(".ipynb").read_text())
+        outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+        yield md.with_suffix(".ipynb").name + " outputs", json.dumps(outputs, ensure_ascii=False)
+
+
+def test_student_facing_text_cites_sources_by_title_and_never_mentions_how_the_course_was_made():
+    offending = {name: sorted(set(m.group(0) for m in _MAKING_OF.finditer(text)))
+                 for name, text in _student_texts() if _MAKING_OF.search(text)}
+    assert not offending, offending

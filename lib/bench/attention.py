@@ -43,7 +43,8 @@ def attention_flops(B: int, H: int, S: int, D: int, causal: bool, backward: bool
 
 
 # Dense FP16/BF16 tensor-core peaks (FLOP/s, fp32 accumulate) and memory bandwidths (bytes/s), from
-# the vendors' datasheets as collected in the course's SOURCES.md. Quoted, not measured here.
+# the vendors' datasheets (NVIDIA H100 and H200 Tensor Core GPU datasheets, NVIDIA Ada GPU
+# architecture whitepaper for the RTX 4090). Quoted, not measured here.
 PUBLISHED_PEAKS = {
     "H100 SXM": {"flops": 989e12, "bandwidth": 3.35e12},
     "H200 SXM": {"flops": 989e12, "bandwidth": 4.8e12},
@@ -67,7 +68,7 @@ def published_card(device_name: str) -> str | None:
 
 # Forward TFLOP/s (non-causal, causal) on an H100 SXM, head dim 128, FP16, as read from the
 # FlashAttention-3 repository's figure assets/flash3_fp16_fwd.png (Shah et al. 2024, arXiv
-# 2407.08608), collected in SOURCES.md. A source's claim, not measured here.
+# 2407.08608). A source's claim, not measured here.
 PUBLISHED_H100_FWD_TFLOPS = {
     "source": "FlashAttention-3 repo, assets/flash3_fp16_fwd.png: H100 SXM, head dim 128, forward, FP16",
     "card": "H100 SXM",
@@ -76,6 +77,26 @@ PUBLISHED_H100_FWD_TFLOPS = {
         "FlashAttention-2": (370, 335),
         "Triton (tutorial kernel)": (395, 378),
         "standard PyTorch attention": (139, 35),
+    },
+}
+
+
+# The attention-profiling table of the article "Transformer Architectures Compared: BERT, GPT,
+# Mamba, and Mixture of Experts" (31 May 2024): a 12-layer decoder (d_model 768, 12 heads) in FP16
+# on an RTX 4090 (24 GB). Milliseconds, and peak memory in MB; None where the article reports
+# out of memory. The article states neither the batch size nor what one timing covers (one layer
+# or all twelve, attention alone or the whole forward). A source's claim, not measured here.
+PUBLISHED_RTX4090_TABLE = {
+    "source": "Transformer Architectures Compared (31 May 2024), attention profiling: RTX 4090, "
+              "12-layer decoder, d_model 768, 12 heads, FP16",
+    "card": "RTX 4090",
+    "layers": 12, "heads": 12, "head_dim": 64,
+    "columns": ("naive ms", "SDPA ms", "Triton ms", "naive peak MB", "flash peak MB"),
+    "rows": {
+        512: (1.42, 0.38, 0.36, 312, 180),
+        2048: (18.90, 1.65, 1.58, 1420, 390),
+        4096: (74.20, 4.12, 3.95, 4890, 720),
+        8192: (None, 12.80, 12.10, None, 1410),
     },
 }
 
