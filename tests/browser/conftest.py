@@ -29,14 +29,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
-@pytest.hookimpl(trylast=True)  # after pytest has grouped the items by their parametrized fixtures
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(pytest.mark.browser)
-    # JupyterLab running every lesson is by far the longest file: first, so that under
-    # `-n 2 --dist loadscope --no-loadscope-reorder` one worker starts on it while the other takes
-    # the rest. Stable: the order within each file stays.
-    items.sort(key=lambda item: item.path.name != "test_lab.py")
 
 
 def chromium_path() -> str | None:
