@@ -187,7 +187,7 @@ def test_a_run_without_a_recorded_curve_trains_again_for_a_callback(cache, monke
     assert replayed == calls
 
 
-def test_hooks_and_gpu_tensors_are_not_cached(cache):
+def test_hooks_and_unhashable_inputs_are_not_cached(cache):
     hooked = tiny_gpt()
     hooked.transformer.h[0].register_forward_hook(lambda *a: None)
     with pytest.raises(Unfingerprintable, match="hook"):
