@@ -16,9 +16,9 @@ The scans, equal up to rounding (tests/test_ssm.py asserts it, values and gradie
     selective_scan_ref   one Python step per position, fp32: the definition
     selective_scan       the front door. impl="chunked": a step per position *inside* a chunk, all
                          chunks at once, then a short loop carrying the state across chunks (see its
-                         docstring); impl="cpu": the fused C loop below; impl="auto" (default): the
-                         C loop for CPU inputs when no gradient is needed and it compiled here, else
-                         chunked. Measured by tools/bench_ssm.py, benchmarks/ssm_cpu.json
+                         docstring); impl="cpu": the fused C loop below, forward and backward;
+                         impl="auto" (default): the C loop for CPU inputs where it compiled here,
+                         else chunked. Measured by tools/bench_ssm.py, benchmarks/ssm_cpu.json
     parallel_scan_ref    Hillis-Steele doubling with `scan_combine`, log2(L) steps (teaching)
     "cpu"                `lib.kernels.scan_cpu.selective_scan_cpu`: one fused loop in C, the state
                          kept in cache (compiled at first use; tests/test_scan_cpu.py)
@@ -208,12 +208,10 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
       "chunked"  the algorithm below, in PyTorch: about 2·Lc + L/Lc Python steps instead of L,
                  any device, gradients by autograd;
       "cpu"      `lib.kernels.scan_cpu.selective_scan_cpu`, one fused loop in C that keeps the
-                 state in cache (CPU tensors; its backward recomputes with the chunked scan);
-      "auto"     "cpu" when the tensors are on the CPU, no gradient is needed (under no_grad, or
-                 no input requires grad), no chunk_size is given and the C loop compiled here
-                 with vector exponentials (`lib.kernels.scan_cpu.cpu_kernel_status()` says how
-                 it was built, or why not);
-                 otherwise "chunked". Training therefore runs the chunked scan, inference the loop.
+                 state in cache, and a fused reverse-time loop for its gradients (CPU tensors);
+      "auto"     "cpu" when the tensors are on the CPU, no chunk_size is given and the C loop
+                 compiled here with vector exponentials (`lib.kernels.scan_cpu.cpu_kernel_status()`
+                 says how it was built, or why not); otherwise "chunked".
 
     The chunked scan: the sequence is cut into L/Lc chunks of Lc positions (the last padded with Δ = 0: Ā = 1 and
     B̄x = 0, so the state passes through the padding unchanged). Then:
@@ -249,11 +247,9 @@ SCAN_IMPLS = ("auto", "chunked", "cpu")
 
 
 def _uses_cpu_kernel(tensors, chunk_size) -> bool:
-    """selective_scan's impl="auto" rule: the fused C loop for CPU inputs needing no gradient."""
+    """selective_scan's impl="auto" rule: the fused C loop (forward and backward) for CPU inputs."""
     x = tensors[0]
     if chunk_size is not None or x.device.type != "cpu" or _work_dtype(*tensors) not in (torch.float32, torch.float64):
-        return False
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return False
     from lib.kernels.scan_cpu import cpu_kernel_available  # imported on first use (it builds the C library)
     return cpu_kernel_available(fast=True)
@@ -272,7 +268,7 @@ class _FusedScan(torch.autograd.Function):
     y with the skip added and the final state (or None). The backward does not store or replay the
     kernel: it recomputes the forward with the chunked PyTorch scan under autograd and returns its
     gradients, as the official Mamba kernel recomputes instead of storing the states. Used by
-    lib.kernels.scan (Triton) and lib.kernels.scan_cpu (C).
+    lib.kernels.scan (Triton); the C loop has its own fused backward (lib.kernels.scan_cpu).
     """
 
     @staticmethod

@@ -1,8 +1,10 @@
 """lib.kernels.scan_cpu: the fused C loop equals the reference (fp32 and fp64, any N, channel blocks
-split across sequences, a carried state, the skip, half inputs, non-contiguous views, large Δ),
-its result does not depend on the number of threads or on how they are made, its gradients are the
-chunked scan's, selective_scan's "auto" takes it exactly when no gradient is needed, and a machine
-without a working compiler falls back cleanly with a reason.
+split across sequences, a carried state, the skip, half inputs, non-contiguous views, large Δ), and
+so does its fused backward (every input's gradient, lengths that are no multiple of the checkpoint
+interval, L = 1, channels across backward blocks, gradcheck in fp64), keeping no (B, L, D, N) tensor
+for autograd; results and gradients do not depend on the number of threads or on how they are
+made; selective_scan's "auto" takes it for CPU inputs; and a machine without a working compiler
+falls back cleanly with a reason.
 
 Needs a C compiler (CI's machine has gcc); where none works, the kernel tests skip and say why, and
 the fallback tests still run.
@@ -74,8 +76,32 @@ def test_result_does_not_depend_on_the_threads():
                                                flags))
     assert not hasattr(library, "onemask_scan_f32_omp")
     for t in (1, 2, 5):
-        y, _ = scan_cpu._run(library, x, dl, A, B, C, None, False, t)
+        y, _, _ = scan_cpu._run(library, x, dl, A, B, C, None, False, t)
         assert torch.equal(y + x * D, ys[0])
+
+
+@needs_kernel
+def test_gradients_do_not_depend_on_the_threads(monkeypatch):
+    """The backward's units (a sequence, a block of channels) each write their own partial sums, added
+    in a fixed order: any split gives the same bits, OpenMP or Python threads (a build without it)."""
+    inputs = scan_inputs(3, 50, 40, 5, seed=21)  # 40 channels: 3 backward blocks of 16, the last short
+
+    def grads(threads):
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        x, dl, A, B, C, D, h0 = leaves
+        y, h = selective_scan_cpu(x, dl, A, B, C, D, h0=h0, return_state=True, threads=threads)
+        (y.sin().sum() + h.sum()).backward()
+        return [t.grad for t in leaves]
+
+    want = grads(1)
+    for threads in (2, 3, 7):
+        assert all(torch.equal(g, w) for g, w in zip(grads(threads), want))
+    flags = tuple(f for f in scan_cpu._built_flags if f != "-fopenmp")
+    cc = scan_cpu._compiler()
+    monkeypatch.setattr(scan_cpu, "_library", scan_cpu._load(scan_cpu._compile(cc, scan_cpu._compiler_version(cc), flags)))
+    assert not hasattr(scan_cpu._library, "onemask_scan_bwd_f32_omp")
+    for threads in (1, 3):
+        assert all(torch.equal(g, w) for g, w in zip(grads(threads), want))
 
 
 @needs_kernel
@@ -89,6 +115,9 @@ def test_half_inputs_non_contiguous_views_and_large_delta():
     assert not xt.is_contiguous()
     torch.testing.assert_close(selective_scan_cpu(xt, dlt, A, B, C, D), selective_scan_cpu(x, dl, A, B, C, D),
                                rtol=0, atol=0)
+    # ... and its backward reads those copies too: the same gradients, bit for bit
+    strided, dense = (_grads(selective_scan_cpu, (xx, dd, A, B, C, D, _)) for xx, dd in ((xt, dlt), (x, dl)))
+    assert all(torch.equal(a, b) for a, b in zip(strided, dense))
     big = torch.where(torch.rand(dl.shape, generator=torch.Generator().manual_seed(13)) < 0.05,
                       torch.full_like(dl, 50.0), dl)  # Δ·A down to -800: exp underflows to 0, never overflows
     y = selective_scan_cpu(x, big, A, B, C, D)
@@ -97,43 +126,123 @@ def test_half_inputs_non_contiguous_views_and_large_delta():
 
 
 # --------------------------------------------------------------------------- gradients and dispatch
+NAMES = ("x", "delta", "A", "B", "C", "D", "h0")
+
+
+def _grads(fn, inputs, dtype=None, *, loss="both"):
+    """Every input's gradient of a loss that reads y (weighted: each position's gradient differs)
+    and the final state (squared: its gradient depends on the state); loss="y" or "h" reads one."""
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in inputs]
+    x, delta, A, B, C, D, h0 = leaves
+    y, h = fn(x, delta, A, B, C, D, h0=h0, return_state=True)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(y.dtype)
+    total = {"both": (y * w).sum() + (h * h).sum(), "y": (y * w).sum(), "h": (h * h).sum()}[loss]
+    total.backward()
+    return [t.grad for t in leaves]
+
+
 @needs_kernel
-def test_gradients_are_the_chunked_scans_and_the_references():
-    inputs = scan_inputs(2, 21, 3, 4, seed=4, dtype=torch.float64)
-    w = torch.randn(2, 21, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-
-    def grads(fn):
-        leaves = [t.detach().requires_grad_() for t in inputs]
-        x, delta, A, B, C, D, h0 = leaves
-        y, h = fn(x, delta, A, B, C, D, h0=h0, return_state=True)
-        ((y * w).sum() + h.sum()).backward()
-        return [t.grad for t in leaves]
-
-    for name, got, want in zip(["x", "delta", "A", "B", "C", "D", "h0"], grads(selective_scan_cpu),
-                               grads(selective_scan_ref)):
+@pytest.mark.parametrize("every", [5, 64])
+@pytest.mark.parametrize("b, L, d, n", [(2, 1, 3, 4), (1, 5, 1, 1), (2, 12, 3, 4), (2, 21, 17, 5), (3, 64, 37, 16),
+                                        (1, 130, 16, 33)])
+def test_fused_backward_is_the_references_gradient_in_fp64(b, L, d, n, every, monkeypatch):
+    """The same gradients as autograd through the per-step reference, to 1e-10, for every input: L = 1,
+    lengths that are and are not multiples of the checkpoint interval K (5 here, and the default),
+    one segment or many, channels in one backward block of 16 or across several (17, 37), a carried state."""
+    monkeypatch.setattr(scan_cpu, "CHECKPOINT_EVERY", every)
+    inputs = scan_inputs(b, L, d, n, seed=b + L + d + n, dtype=torch.float64)
+    for name, got, want in zip(NAMES, _grads(selective_scan_cpu, inputs), _grads(selective_scan_ref, inputs)):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=lambda m: f"grad of {name}: {m}")
 
 
+# fp32 gradients against the fp64 reference, relative to the largest gradient: every scan rounds
+# differently (the loop's vector exp, the sums' orders), and the backward's sums over the sequence
+# (A's over B·L terms) are the longest; the C loop adds them per segment, then the segments, so its
+# error grows with K + L/K terms, not L. Measured here: at most 8e-7 (A's, L = 4096); the reference
+# itself in fp32 reaches 4e-7. 1e-5, as the forward, fails on any algorithmic slip (those are O(1)).
+GRAD_RTOL32 = 1e-5
+
+
 @needs_kernel
-def test_auto_takes_the_loop_exactly_when_no_gradient_is_needed():
+@pytest.mark.parametrize("b, L, d, n, big_delta", [(2, 1000, 20, 16, False), (2, 4096, 8, 16, False),
+                                                   (2, 333, 37, 16, True)])
+def test_fused_backward_in_fp32_is_within_budget_of_the_fp64_reference(b, L, d, n, big_delta):
+    inputs = list(scan_inputs(b, L, d, n, seed=L))
+    if big_delta:  # Δ·A down to -800: the decays underflow to 0, gradients through them too, never NaN
+        dl = inputs[1]
+        inputs[1] = torch.where(torch.rand(dl.shape, generator=torch.Generator().manual_seed(13)) < 0.05,
+                                torch.full_like(dl, 50.0), dl)
+    for name, got, want in zip(NAMES, _grads(selective_scan_cpu, inputs), _grads(selective_scan_ref, inputs,
+                                                                                  torch.float64)):
+        assert got.dtype == torch.float32 and torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), want, rtol=GRAD_RTOL32, atol=GRAD_RTOL32 * want.abs().max().item(),
+                                   msg=lambda m: f"grad of {name}: {m}")
+
+
+@needs_kernel
+def test_fused_backward_passes_gradcheck_and_reads_either_output(monkeypatch):
+    """torch.autograd.gradcheck (finite differences, fp64) with and without the state and the skip;
+    a loss of y alone or of the final state alone; gradients for only some inputs."""
+    monkeypatch.setattr(scan_cpu, "CHECKPOINT_EVERY", 3)  # 7 positions: segments of 3, 3 and 1
+    x, dl, A, B, C, D, h0 = (t.requires_grad_() for t in scan_inputs(2, 7, 18, 3, seed=22, dtype=torch.float64))
+    assert torch.autograd.gradcheck(lambda *a: selective_scan_cpu(*a[:6], h0=a[6], return_state=True),
+                                    (x, dl, A, B, C, D, h0))
+    assert torch.autograd.gradcheck(lambda *a: selective_scan_cpu(*a), (x, dl, A, B, C))
+    inputs = [t.detach() for t in (x, dl, A, B, C, D, h0)]
+    for loss in ("y", "h"):
+        for name, got, want in zip(NAMES, _grads(selective_scan_cpu, inputs, loss=loss),
+                                   _grads(selective_scan_ref, inputs, loss=loss)):
+            if want is None:  # C and D do not reach the final state: autograd leaves no gradient, the loop zeros
+                assert name in ("C", "D") and loss == "h" and (got is None or not got.any())
+                continue
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=lambda m: f"{loss}: grad of {name}: {m}")
+    only = [t.detach().requires_grad_(i in (1, 3)) for i, t in enumerate(inputs)]  # Δ and B only
+    selective_scan_cpu(*only[:6], h0=only[6]).sum().backward()
+    assert [t.grad is not None for t in only] == [False, True, False, True, False, False, False]
+
+
+@needs_kernel
+def test_fused_backward_keeps_one_state_per_segment_not_every_state():
+    """What autograd keeps for the backward: the inputs and a checkpoint every K positions; never a
+    (B, L, D, N) tensor, which is what the chunked scan's autograd graph holds many of."""
+    x, dl, A, B, C, D, h0 = (t.requires_grad_() for t in scan_inputs(2, 512, 32, 16, seed=23))
+    for impl, most in (("cpu", 2 * 512 * 32 * 16 // scan_cpu.CHECKPOINT_EVERY), ("chunked", None)):
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            selective_scan(x, dl, A, B, C, D, h0=h0, impl=impl)
+        if most is not None:
+            assert max(sizes) == 2 * 512 * 32 and sum(s for s in sizes if s > 2 * 512 * 32) == 0
+            assert most in sizes  # the checkpoints: B·D·N·L/K numbers
+        else:
+            assert sum(sizes) > 2 * 512 * 32 * 16  # the chunked scan keeps more than one whole state sequence
+
+
+@needs_kernel
+def test_auto_takes_the_loop_for_cpu_inputs_with_or_without_gradients():
     x, dl, A, B, C, D, _ = scan_inputs(2, 40, 5, 3, seed=14)
     fused, chunked = selective_scan(x, dl, A, B, C, D, impl="cpu"), selective_scan(x, dl, A, B, C, D, impl="chunked")
     assert not torch.equal(fused, chunked)  # they round differently, so the bits tell which one ran
     assert torch.equal(selective_scan(x, dl, A, B, C, D), fused)  # no input requires grad
     xg = x.clone().requires_grad_()
-    assert torch.equal(selective_scan(xg, dl, A, B, C, D), chunked)  # a gradient is needed
+    assert torch.equal(selective_scan(xg, dl, A, B, C, D), fused)  # a gradient is needed: the fused backward
     with torch.no_grad():
         assert torch.equal(selective_scan(xg, dl, A, B, C, D), fused)
     assert torch.equal(selective_scan(x, dl, A, B, C, D, chunk_size=8), selective_scan(x, dl, A, B, C, D, chunk_size=8,
                                                                                        impl="chunked"))
-    # a model in eval under no_grad decodes with the loop; its logits match the chunked model's
+    # a model reads and trains with the loop: its logits, loss and every parameter's gradient
+    # match the chunked model's (fp32, rounding only)
     torch.manual_seed(0)
-    model = MambaLM(MambaConfig.tiny(d_model=32, n_layers=2)).eval()
-    chunked_model = MambaLM(MambaConfig.tiny(d_model=32, n_layers=2, scan="chunked")).eval()
+    model = MambaLM(MambaConfig.tiny(d_model=32, n_layers=2))
+    chunked_model = MambaLM(MambaConfig.tiny(d_model=32, n_layers=2, scan="chunked"))
     chunked_model.load_state_dict(model.state_dict())
     idx = torch.randint(64, (2, 25), generator=torch.Generator().manual_seed(15))
     with torch.no_grad():
         torch.testing.assert_close(model(idx), chunked_model(idx), rtol=1e-5, atol=1e-5)
+    for m in (model, chunked_model):
+        m(idx[:, :-1], idx[:, 1:])[1].backward()
+    for (name, p), q in zip(model.named_parameters(), chunked_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * q.grad.abs().max().item(),
+                                   msg=lambda m: f"grad of {name}: {m}")
 
 
 def test_without_the_kernel_auto_falls_back_and_the_kernel_says_why(monkeypatch):

@@ -17,9 +17,9 @@ programs.) Everything is computed in fp32.
     selective_scan_triton   same arguments and returns as lib.ssm.selective_scan (no chunk_size)
 
 Differentiable: the backward is not a kernel. It recomputes the forward with the chunked PyTorch
-scan under autograd and returns its gradients (`lib.ssm._FusedScan`, shared with the CPU kernel in
-lib/kernels/scan_cpu.py), so gradients equal the chunked scan's (tested); the speed of the fused
-kernel is the forward's.
+scan under autograd and returns its gradients (`lib.ssm._FusedScan`), so gradients equal the
+chunked scan's (tested); the speed of the fused kernel is the forward's. (The CPU loop in
+lib/kernels/scan_cpu.py has a fused backward of its own.)
 
 Like the attention kernels, it runs compiled on a CUDA GPU and in Triton's interpreter on CPU
 tensors when TRITON_INTERPRET=1 (set by `import lib` on machines without a GPU); the interpreter

@@ -8,7 +8,9 @@
  * That is the fused GPU kernel's idea (lib/kernels/scan.py), with the cache standing in for SRAM.
  *
  * Layout: every array is contiguous. x, dt, y (B, L, D); A (D, N); Bm, Cm (B, L, N); h0, hl
- * (B, D, N) or NULL (no initial state: zeros; no final state wanted). One call computes the "rows"
+ * (B, D, N) or NULL (no initial state: zeros; no final state wanted); hc (B, D, ceil(L/K), N) or
+ * NULL: with it, the state entering every K-th position (k·K, k = 0, 1, ...) is kept there, the
+ * checkpoints the backward (below) restarts from. One call computes the "rows"
  * (b, d) with row_begin <= b * D + d < row_end; the Python side gives each thread its own range.
  * A row's result depends only on the row (the state buffer is aligned the same way for every
  * range), so the output is bit-for-bit the same whatever the number of threads.
@@ -40,7 +42,8 @@ __attribute__((simd("notinbranch"))) double exp(double);
 
 #define DEFINE_SCAN(NAME, T, EXP)                                                                   \
   int NAME(const T *x, const T *dt, const T *A, const T *Bm, const T *Cm, const T *h0, T *y, T *hl, \
-           int64_t L, int64_t D, int64_t N, int64_t row_begin, int64_t row_end) {                   \
+           T *hc, int64_t K, int64_t L, int64_t D, int64_t N, int64_t row_begin, int64_t row_end) {  \
+    const int64_t nseg = (L + K - 1) / K; /* checkpoints per row */                                 \
     /* each channel's state padded to a whole number of cache lines */                            \
     const int64_t stride = (N * (int64_t)sizeof(T) + ALIGN - 1) / ALIGN * ALIGN / (int64_t)sizeof(T); \
     T *h = (T *)aligned_alloc(ALIGN, sizeof(T) * BLOCK_D * stride);                                 \
@@ -55,6 +58,9 @@ __attribute__((simd("notinbranch"))) double exp(double);
         for (int64_t n = 0; n < N; n++) h[(d - d0) * stride + n] = h0 ? h0[(b * D + d) * N + n] : (T)0; \
       for (int64_t t = 0; t < L; t++) {                                                             \
         const int64_t pos = b * L + t;                                                              \
+        if (hc && t % K == 0) /* the state entering position t: checkpoint t / K */                 \
+          for (int64_t d = d0; d < d1; d++)                                                         \
+            for (int64_t n = 0; n < N; n++) hc[((b * D + d) * nseg + t / K) * N + n] = h[(d - d0) * stride + n]; \
         const T *xt = x + pos * D, *dtt = dt + pos * D, *Bt = Bm + pos * N, *Ct = Cm + pos * N;     \
         T *yt = y + pos * D;                                                                        \
         for (int64_t d = d0; d < d1; d++) {                                                         \
@@ -83,20 +89,155 @@ __attribute__((simd("notinbranch"))) double exp(double);
 DEFINE_SCAN(onemask_scan_f32, float, expf)
 DEFINE_SCAN(onemask_scan_f64, double, exp)
 
+/* The backward: the gradients of y (and of the final state) with respect to x, Δ, A, B, C and
+ * the initial state, by the chain rule run backwards in time. Per channel d and state entry n,
+ * with a_t = exp(Δ_t A), u_t = Δ_t x_t and g_t the gradient reaching h_t (from y_t and from h_{t+1}):
+ *     g_t    = gy_t C_t + a_{t+1} g_{t+1}          (g_L from the final state's gradient, or 0)
+ *     gC_t  += gy_t h_t            gB_t += g_t u_t            gA += g_t a_t h_{t-1} Δ_t
+ *     gΔ_t   = Σ_n g_t a_t h_{t-1} A  +  x_t Σ_n g_t B_t       gx_t = Δ_t Σ_n g_t B_t
+ *     gh0    = a_0 g_0
+ * It needs h_{t-1} and h_t at every t, in reverse order, and keeps none of the (B, L, D, N) states:
+ * the forward kept one state every K positions (hc), and each segment of K positions is recomputed
+ * from its checkpoint into a buffer of K states of a block of channels, then walked backwards (the
+ * official CUDA kernel's recomputation, Mamba §3.3.2, with the cache standing in for SRAM).
+ *
+ * Work is split into units: a sequence b and a block of `block` channels. B and C are shared by the
+ * channels and A by the sequences, so a unit writes its own partial sums, gBp and gCp (B, nblk, L, N)
+ * and gAp (B, D, N), which the Python side adds up; every other output has one writer. A unit's
+ * result depends only on the unit, so the gradients are the same bits for any number of threads.
+ * gy (B, L, D); ghl (B, D, N) or NULL (no gradient for the final state); gx, gdt (B, L, D);
+ * gh0 (B, D, N). Returns 0, or -1 if a buffer could not be allocated.
+ */
+#define DEFINE_SCAN_BWD(NAME, T, EXP)                                                               \
+  int NAME(const T *x, const T *dt, const T *A, const T *Bm, const T *Cm, const T *hc, const T *gy,   \
+           const T *ghl, T *gx, T *gdt, T *gAp, T *gBp, T *gCp, T *gh0, int64_t K, int64_t block,       \
+           int64_t L, int64_t D, int64_t N, int64_t unit_begin, int64_t unit_end) {                   \
+    const int64_t stride = (N * (int64_t)sizeof(T) + ALIGN - 1) / ALIGN * ALIGN / (int64_t)sizeof(T); \
+    const int64_t nseg = (L + K - 1) / K, nblk = (D + block - 1) / block;                           \
+    /* hs: the states h_{s-1} .. h_{e-1} of one segment [s, e) (K + 1 of them); g: the gradient     \
+       reaching the current state; gA: this unit's sum for A, gAs the current segment's (summed     \
+       in two levels, so fp32 rounding grows with K + L/K terms, not L); gBt, gCt: one position's */ \
+    T *hs = (T *)aligned_alloc(ALIGN, sizeof(T) * (K + 1) * block * stride);                        \
+    T *g = (T *)aligned_alloc(ALIGN, sizeof(T) * block * stride);                                   \
+    T *gA = (T *)aligned_alloc(ALIGN, sizeof(T) * block * stride);                                  \
+    T *gAs = (T *)aligned_alloc(ALIGN, sizeof(T) * block * stride);                                 \
+    T *gBt = (T *)aligned_alloc(ALIGN, sizeof(T) * stride), *gCt = (T *)aligned_alloc(ALIGN, sizeof(T) * stride); \
+    int status = (hs && g && gA && gAs && gBt && gCt) ? 0 : -1;                                     \
+    for (int64_t unit = unit_begin; unit < unit_end && status == 0; unit++) {                       \
+      const int64_t b = unit / nblk, blk = unit % nblk, d0 = blk * block;                           \
+      const int64_t d1 = d0 + block < D ? d0 + block : D, bw = d1 - d0;                             \
+      for (int64_t j = 0; j < bw; j++)                                                              \
+        for (int64_t n = 0; n < N; n++) {                                                           \
+          g[j * stride + n] = ghl ? ghl[(b * D + d0 + j) * N + n] : (T)0;                           \
+          gA[j * stride + n] = 0;                                                                   \
+        }                                                                                           \
+      for (int64_t seg = nseg - 1; seg >= 0; seg--) {                                               \
+        const int64_t s = seg * K, e = s + K < L ? s + K : L;                                       \
+        /* recompute: hs[i] = h_{s-1+i}, from the checkpoint, as the forward computed them */      \
+        for (int64_t j = 0; j < bw; j++)                                                            \
+          for (int64_t n = 0; n < N; n++) {                                                         \
+            hs[j * stride + n] = hc[((b * D + d0 + j) * nseg + seg) * N + n];                       \
+            gAs[j * stride + n] = 0;                                                                \
+          }                                                                                         \
+        for (int64_t t = s; t < e; t++) {                                                           \
+          const int64_t pos = b * L + t;                                                            \
+          const T *xt = x + pos * D, *dtt = dt + pos * D, *Bt = Bm + pos * N;                       \
+          const T *prev = hs + (t - s) * block * stride;                                            \
+          T *cur = hs + (t - s + 1) * block * stride;                                               \
+          for (int64_t j = 0; j < bw; j++) {                                                        \
+            const int64_t d = d0 + j;                                                               \
+            const T delta = dtt[d], u = delta * xt[d];                                              \
+            const T *Ad = A + d * N, *hp = prev + j * stride;                                       \
+            T *hd = cur + j * stride;                                                               \
+            _Pragma("omp simd")                                                                    \
+            for (int64_t n = 0; n < N; n++) hd[n] = EXP(delta * Ad[n]) * hp[n] + Bt[n] * u;         \
+          }                                                                                         \
+        }                                                                                           \
+        /* walk the segment backwards */                                                            \
+        for (int64_t t = e - 1; t >= s; t--) {                                                      \
+          const int64_t pos = b * L + t;                                                            \
+          const T *xt = x + pos * D, *dtt = dt + pos * D, *Bt = Bm + pos * N, *Ct = Cm + pos * N;   \
+          const T *gyt = gy + pos * D;                                                              \
+          const T *prev = hs + (t - s) * block * stride, *cur = hs + (t - s + 1) * block * stride;  \
+          for (int64_t n = 0; n < N; n++) gBt[n] = gCt[n] = 0;                                      \
+          for (int64_t j = 0; j < bw; j++) {                                                        \
+            const int64_t d = d0 + j;                                                               \
+            const T delta = dtt[d], xv = xt[d], u = delta * xv, gyv = gyt[d];                       \
+            const T *Ad = A + d * N, *hp = prev + j * stride, *hd = cur + j * stride;               \
+            T *gd = g + j * stride, *gAd = gAs + j * stride;                                         \
+            T via_a = 0, via_u = 0; /* Σ_n g a h_{t-1} A and Σ_n g B */                             \
+            _Pragma("omp simd reduction(+:via_a, via_u)")                                          \
+            for (int64_t n = 0; n < N; n++) {                                                       \
+              const T a = EXP(delta * Ad[n]);                                                       \
+              const T gn = gd[n] + gyv * Ct[n];       /* the gradient reaching h_t */               \
+              const T gah = gn * a * hp[n];           /* ... through a_t, times a_t */              \
+              gCt[n] += gyv * hd[n];                                                                \
+              gBt[n] += gn * u;                                                                     \
+              gAd[n] += gah * delta;                                                                \
+              via_a += gah * Ad[n];                                                                 \
+              via_u += gn * Bt[n];                                                                  \
+              gd[n] = gn * a;                         /* the gradient reaching h_{t-1} */           \
+            }                                                                                       \
+            gdt[pos * D + d] = via_a + via_u * xv;                                                  \
+            gx[pos * D + d] = via_u * delta;                                                        \
+          }                                                                                         \
+          T *gBo = gBp + ((b * nblk + blk) * L + t) * N, *gCo = gCp + ((b * nblk + blk) * L + t) * N; \
+          for (int64_t n = 0; n < N; n++) {                                                         \
+            gBo[n] = gBt[n];                                                                        \
+            gCo[n] = gCt[n];                                                                        \
+          }                                                                                         \
+        }                                                                                           \
+        for (int64_t j = 0; j < bw; j++)                                                            \
+          for (int64_t n = 0; n < N; n++) gA[j * stride + n] += gAs[j * stride + n];                \
+      }                                                                                             \
+      for (int64_t j = 0; j < bw; j++)                                                              \
+        for (int64_t n = 0; n < N; n++) {                                                           \
+          gh0[(b * D + d0 + j) * N + n] = g[j * stride + n];                                        \
+          gAp[(b * D + d0 + j) * N + n] = gA[j * stride + n];                                       \
+        }                                                                                           \
+    }                                                                                               \
+    free(hs);                                                                                       \
+    free(g);                                                                                        \
+    free(gA);                                                                                       \
+    free(gAs);                                                                                      \
+    free(gBt);                                                                                      \
+    free(gCt);                                                                                      \
+    return status;                                                                                  \
+  }
+
+DEFINE_SCAN_BWD(onemask_scan_bwd_f32, float, expf)
+DEFINE_SCAN_BWD(onemask_scan_bwd_f64, double, exp)
+
 #ifdef _OPENMP
 #include <omp.h>
 /* all rows 0 .. rows-1, split into equal contiguous ranges, one per thread */
 #define DEFINE_SCAN_OMP(NAME, ROWS_FN, T)                                                               \
   int NAME(const T *x, const T *dt, const T *A, const T *Bm, const T *Cm, const T *h0, T *y, T *hl,     \
-           int64_t L, int64_t D, int64_t N, int64_t rows, int64_t threads) {                            \
+           T *hc, int64_t K, int64_t L, int64_t D, int64_t N, int64_t rows, int64_t threads) {          \
     int failed = 0;                                                                                     \
     _Pragma("omp parallel num_threads((int)threads) reduction(|:failed)")                               \
     {                                                                                                   \
       const int64_t k = omp_get_thread_num(), m = omp_get_num_threads();                                \
-      failed |= ROWS_FN(x, dt, A, Bm, Cm, h0, y, hl, L, D, N, rows * k / m, rows * (k + 1) / m);       \
+      failed |= ROWS_FN(x, dt, A, Bm, Cm, h0, y, hl, hc, K, L, D, N, rows * k / m, rows * (k + 1) / m);       \
     }                                                                                                   \
     return failed;                                                                                      \
   }
 DEFINE_SCAN_OMP(onemask_scan_f32_omp, onemask_scan_f32, float)
 DEFINE_SCAN_OMP(onemask_scan_f64_omp, onemask_scan_f64, double)
+/* all units 0 .. units-1, split into equal contiguous ranges, one per thread */
+#define DEFINE_SCAN_BWD_OMP(NAME, UNITS_FN, T)                                                          \
+  int NAME(const T *x, const T *dt, const T *A, const T *Bm, const T *Cm, const T *hc, const T *gy,     \
+           const T *ghl, T *gx, T *gdt, T *gAp, T *gBp, T *gCp, T *gh0, int64_t K, int64_t block,         \
+           int64_t L, int64_t D, int64_t N, int64_t units, int64_t threads) {                           \
+    int failed = 0;                                                                                     \
+    _Pragma("omp parallel num_threads((int)threads) reduction(|:failed)")                               \
+    {                                                                                                   \
+      const int64_t k = omp_get_thread_num(), m = omp_get_num_threads();                                \
+      failed |= UNITS_FN(x, dt, A, Bm, Cm, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gh0, K, block, L, D, N,   \
+                         units * k / m, units * (k + 1) / m);                                           \
+    }                                                                                                   \
+    return failed;                                                                                      \
+  }
+DEFINE_SCAN_BWD_OMP(onemask_scan_bwd_f32_omp, onemask_scan_bwd_f32, float)
+DEFINE_SCAN_BWD_OMP(onemask_scan_bwd_f64_omp, onemask_scan_bwd_f64, double)
 #endif

@@ -27,9 +27,13 @@ loop with scalar exp. Where no compiler works (or ONEMASK_CPU_KERNEL=0 is set), 
     selective_scan_cpu   same arguments and returns as lib.ssm.selective_scan_ref, plus `threads`
     cpu_kernel_status    "compiled ..." or "unavailable: <why>"; builds on first call
 
-Differentiable like the Triton kernel: the backward recomputes with the chunked scan under
-autograd (`lib.ssm._FusedScan`). Computes in fp32, or fp64 when given fp64 (half inputs are read
-as fp32, like the other scans).
+Differentiable by its own fused backward, in the same C file: when a gradient will be needed the
+forward also keeps the state entering every K-th position (K = CHECKPOINT_EVERY), and the backward
+recomputes each segment of K states from its checkpoint into a buffer that stays in cache, then
+walks it backwards in time, accumulating the gradients of x, Δ, A, B, C and the initial state (the
+official kernel's recomputation, Mamba §3.3.2). No (B, L, D, N) tensor is stored for autograd:
+the memory kept is B·D·N·L/K numbers. Computes in fp32, or fp64 when given fp64 (half inputs are
+read as fp32, like the other scans).
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -58,6 +61,8 @@ BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-tr
 VECTOR_EXP_FLAGS = ("-mavx2", "-mfma", "-DONEMASK_LIBMVEC")  # gcc, x86-64 Linux, an AVX2 CPU: glibc's vector exp
 OPENMP_FLAGS = ("-fopenmp",)  # threads from PyTorch's own OpenMP pool (see scan_cpu.c); else Python threads
 MIN_WORK_PER_THREAD = 1 << 16  # B·D·L·N multiply-adds below which a second thread costs more than it saves
+CHECKPOINT_EVERY = 64  # K: the forward keeps the state entering every K-th position for the backward
+BACKWARD_BLOCK = 16  # channels one backward unit walks together: K states of them stay in cache (64 KiB)
 
 _lock = threading.Lock()
 _library = None  # the loaded ctypes library, once built
@@ -137,12 +142,14 @@ def _torch_uses_gomp() -> bool:
 
 def _load(path: Path):
     library = ctypes.CDLL(str(path))  # ctypes.CDLL releases the GIL during calls: threads run in parallel
-    for name in ("onemask_scan_f32", "onemask_scan_f64", "onemask_scan_f32_omp", "onemask_scan_f64_omp"):
-        if name.endswith("_omp") and not hasattr(library, name):
-            continue  # built without OpenMP
-        fn = getattr(library, name)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 5
+    for name in ("onemask_scan_f32", "onemask_scan_f64", "onemask_scan_bwd_f32", "onemask_scan_bwd_f64"):
+        for fn_name in (name, name + "_omp"):
+            if fn_name.endswith("_omp") and not hasattr(library, fn_name):
+                continue  # built without OpenMP
+            fn = getattr(library, fn_name)
+            fn.restype = ctypes.c_int
+            pointers = 9 if "bwd" not in name else 14
+            fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * (6 if "bwd" not in name else 7)
     return library
 
 
@@ -248,8 +255,34 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def _run(library, x, dt, A, B, C, h0, return_state: bool, threads: int):
-    """y (B, L, D) and the final state (B, D, N) or None, in x's dtype (fp32 or fp64; all inputs
+def _threads_for(threads: int, units: int, work: int) -> int:
+    return max(1, min(threads, units, work // MIN_WORK_PER_THREAD))
+
+
+def _call(library, name: str, pointers: list, sizes: tuple, units: int, threads: int) -> None:
+    """Run `name` over units 0 .. units-1 on `threads` threads: in C with OpenMP (the *_omp entry
+    point), else from Python threads, each given a contiguous range. Raises if a buffer failed."""
+    if hasattr(library, name + "_omp"):  # units split the same way, on PyTorch's OpenMP threads
+        codes = [getattr(library, name + "_omp")(*pointers, *sizes, units, threads)]
+    else:
+        fn = getattr(library, name)
+        cuts = [units * k // threads for k in range(threads + 1)]
+        args = [(*pointers, *sizes, cuts[k], cuts[k + 1]) for k in range(threads)]
+        futures = [_thread_pool(threads - 1).submit(fn, *a) for a in args[1:]] if threads > 1 else []
+        codes = [fn(*args[0])] + [f.result() for f in futures]  # the inputs stay referenced until all are done
+    if any(codes):
+        raise MemoryError("selective_scan_cpu could not allocate its working buffers")
+
+
+def _checkpoint_every(L: int) -> int:
+    """K, the positions between two states the forward keeps for the backward: fewer states kept
+    (B·D·N·L/K numbers) against a longer segment recomputed into each thread's buffer (K·BLOCK·N)."""
+    return min(L, CHECKPOINT_EVERY)
+
+
+def _run(library, x, dt, A, B, C, h0, return_state: bool, threads: int, checkpoints: int | None = None):
+    """y (B, L, D), the final state (B, D, N) or None, and (with `checkpoints` = K) the states
+    entering positions 0, K, 2K, ... (B, D, ceil(L/K), N), in x's dtype (fp32 or fp64; all inputs
     already of that dtype). Splits the B·D rows into `threads` contiguous ranges."""
     suffix = "f64" if x.dtype == torch.float64 else "f32"
     x, dt, A, B, C = (t.contiguous() for t in (x, dt, A, B, C))
@@ -258,41 +291,70 @@ def _run(library, x, dt, A, B, C, h0, return_state: bool, threads: int):
     n = A.shape[1]
     y = torch.empty_like(x)
     hl = torch.empty(b, d, n, dtype=x.dtype) if return_state else None
+    k = checkpoints or l
+    hc = torch.empty(b, d, -(-l // k), n, dtype=x.dtype) if checkpoints else None
     rows = b * d
-    threads = max(1, min(threads, rows, (rows * l * n) // MIN_WORK_PER_THREAD))
-    pointers = [t.data_ptr() if t is not None else None for t in (x, dt, A, B, C, h0, y, hl)]
-    if hasattr(library, f"onemask_scan_{suffix}_omp"):  # rows split the same way, on PyTorch's OpenMP threads
-        codes = [getattr(library, f"onemask_scan_{suffix}_omp")(*pointers, l, d, n, rows, threads)]
-    else:
-        fn = getattr(library, f"onemask_scan_{suffix}")
-        cuts = [rows * k // threads for k in range(threads + 1)]
-        args = [(*pointers, l, d, n, cuts[k], cuts[k + 1]) for k in range(threads)]
-        futures = [_thread_pool(threads - 1).submit(fn, *a) for a in args[1:]] if threads > 1 else []
-        codes = [fn(*args[0])] + [f.result() for f in futures]  # the inputs stay referenced until all are done
-    if any(codes):
-        raise MemoryError("selective_scan_cpu could not allocate its state buffer")
-    return y, hl
+    pointers = [t.data_ptr() if t is not None else None for t in (x, dt, A, B, C, h0, y, hl, hc)]
+    _call(library, f"onemask_scan_{suffix}", pointers, (k, l, d, n), rows, _threads_for(threads, rows, rows * l * n))
+    return y, hl, hc
 
 
-def _launch(x, delta, A, B, C, D, h0, return_state: bool, threads: int):
-    """For lib.ssm._FusedScan: y with the skip added, in the working dtype; the final state or None."""
-    from lib.ssm import _finish, _work_dtype
+def _run_backward(library, x, dt, A, B, C, hc, k: int, gy, ghl, threads: int):
+    """The gradients (x, Δ, A, B, C, h0) of the scan without the skip, from the forward's
+    checkpoints hc (kept every k positions) and the gradients of y (B, L, D) and of the final state (B, D, N, or None)."""
+    suffix = "f64" if x.dtype == torch.float64 else "f32"
+    gy = gy.to(x.dtype).contiguous()
+    ghl = None if ghl is None else ghl.to(x.dtype).contiguous()
+    b, l, d = x.shape
+    n = A.shape[1]
+    nblk = -(-d // BACKWARD_BLOCK)
+    gx, gdt = torch.empty_like(x), torch.empty_like(x)
+    gAp, gh0 = torch.empty(b, d, n, dtype=x.dtype), torch.empty(b, d, n, dtype=x.dtype)
+    gBp, gCp = torch.empty(b, nblk, l, n, dtype=x.dtype), torch.empty(b, nblk, l, n, dtype=x.dtype)
+    pointers = [t.data_ptr() if t is not None else None
+                for t in (x, dt, A, B, C, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gh0)]
+    units = b * nblk
+    _call(library, f"onemask_scan_bwd_{suffix}", pointers, (k, BACKWARD_BLOCK, l, d, n), units,
+          _threads_for(threads, units, 3 * b * d * l * n))
+    return gx, gdt, gAp.sum(0), gBp.sum(1), gCp.sum(1), gh0
 
-    wt = _work_dtype(x, delta, A, B, C, D, h0)
-    x_, dt_, A_, B_, C_ = (t.detach().to(wt) for t in (x, delta, A, B, C))
-    y, hl = _run(_library, x_, dt_, A_, B_, C_, None if h0 is None else h0.detach().to(wt), return_state, threads)
-    return _finish(y, x_, None if D is None else D.detach(), hl, True, wt)  # the skip, in the working dtype
+
+class _CpuScan(torch.autograd.Function):
+    """The fused loop with its own fused backward: apply(x, dt, A, B, C, h0, threads), all of one
+    working dtype (fp32 or fp64) -> y (B, L, D) without the skip, and the final state (B, D, N).
+    The forward keeps a state every CHECKPOINT_EVERY positions when a gradient will be needed."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, h0, threads):
+        x, dt, A, B, C = (t.contiguous() for t in (x, dt, A, B, C))  # the C loops read these layouts
+        every = _checkpoint_every(x.shape[1]) if any(ctx.needs_input_grad[:6]) else None
+        y, hl, hc = _run(_library, x, dt, A, B, C, h0, True, threads, every)
+        if every:
+            ctx.save_for_backward(x, dt, A, B, C, hc)
+        ctx.threads, ctx.every = threads, every
+        return y, hl
+
+    @staticmethod
+    def backward(ctx, gy, ghl):
+        x, dt, A, B, C, hc = ctx.saved_tensors
+        if gy is None:
+            gy = torch.zeros_like(x)
+        grads = _run_backward(_library, x, dt, A, B, C, hc, ctx.every, gy, ghl, ctx.threads)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:6])), None)
 
 
 def _scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = None):
     """selective_scan_cpu without the input checks: lib.ssm calls it after its own."""
-    from lib.ssm import _FusedScan
+    from lib.ssm import _finish, _work_dtype
 
     _require_cpu(x.device)
     if _ensure_built() is None:
         raise RuntimeError(f"selective_scan_cpu is {_status}; use lib.ssm.selective_scan")
-    launch = partial(_launch, threads=torch.get_num_threads() if threads is None else threads)
-    return _FusedScan.apply(launch, x, delta, A, B, C, D, h0, return_state)
+    wt = _work_dtype(x, delta, A, B, C, D, h0)
+    x_, dt_, A_, B_, C_ = (t.to(wt) for t in (x, delta, A, B, C))  # casts autograd sees through
+    y, hl = _CpuScan.apply(x_, dt_, A_, B_, C_, None if h0 is None else h0.to(wt),
+                           torch.get_num_threads() if threads is None else threads)
+    return _finish(y, x_, D, hl, return_state, x.dtype)  # the skip D ⊙ x, by autograd
 
 
 def _require_cpu(device: torch.device) -> None:
