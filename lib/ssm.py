@@ -60,7 +60,7 @@ from lib.kv_cache import dtype_bytes
 from lib.sampling import _check_knobs, sample_next_token
 
 __all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "MixerCache", "SCANS", "SelectiveSSM",
-           "default_chunk_size", "discretize", "generate", "lti_kernel", "parallel_scan_ref", "scan_combine",
+           "causal_conv1d", "causal_conv1d_ref", "default_chunk_size", "discretize", "generate", "lti_kernel", "parallel_scan_ref", "scan_combine",
            "selective_scan", "selective_scan_ref", "ssm_convolution", "state_bytes", "trace_states"]
 
 
@@ -456,6 +456,69 @@ def ssm_convolution(x: torch.Tensor, K: torch.Tensor, D: torch.Tensor | None = N
     return y.to(x.dtype)
 
 
+# --------------------------------------------------------------------------- the mixer's convolution
+def _check_conv_inputs(x, weight, bias, state) -> None:
+    """x (B, T, E); weight (E, 1, K) or (E, K); bias (E,) or None; state (B, E, K − 1) or None."""
+    require_tensor("x", x, floating=True)
+    require_rank("x", x, 3, "(B, T, E)")
+    b, t, e = x.shape
+    if b == 0 or t == 0 or e == 0:
+        raise ValueError(f"x must have shape (B, T, E) with every size >= 1, got {tuple(x.shape)}")
+    require_tensor("weight", weight, floating=True)
+    if weight.dim() not in (2, 3) or weight.shape[0] != e or (weight.dim() == 3 and weight.shape[1] != 1) \
+            or weight.shape[-1] == 0:
+        raise ValueError(f"weight must have shape (E, 1, K) (a depthwise nn.Conv1d's) or (E, K) with E = {e} and "
+                         f"K >= 1, got {tuple(weight.shape)}")
+    k = weight.shape[-1]
+    for name, t_, shape in (("bias", bias, (e,)), ("state", state, (b, e, k - 1))):
+        if t_ is None:
+            continue
+        require_tensor(name, t_, floating=True)
+        if tuple(t_.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(t_.shape)}")
+    others = {n: t_.device for n, t_ in (("weight", weight), ("bias", bias), ("state", state)) if t_ is not None}
+    if any(dev != x.device for dev in others.values()):
+        raise ValueError(f"x, weight (and bias, state) must share one device, got x: {x.device}, "
+                         + ", ".join(f"{n}: {d}" for n, d in others.items()))
+
+
+def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      state: torch.Tensor | None = None) -> torch.Tensor:
+    """The Mamba mixer's causal depthwise convolution by PyTorch's grouped conv1d, as the official
+    code runs it: x (B, T, E), weight (E, 1, K) or (E, K), bias (E,) or None, state (B, E, K − 1)
+    (the inputs before x; None: zeros) -> y (B, T, E), position t seeing t − K + 1 .. t."""
+    _check_conv_inputs(x, weight, bias, state)
+    return _conv_ref(x, weight, bias, state)
+
+
+def _conv_ref(x, weight, bias, state):
+    b, t, e = x.shape
+    k = weight.shape[-1]
+    xs = x.transpose(1, 2)  # (B, E, T)
+    window = torch.cat([xs.new_zeros(b, e, k - 1) if state is None else state.to(xs.dtype), xs], dim=-1)
+    y = F.conv1d(window, weight.reshape(e, 1, k).to(xs.dtype), None if bias is None else bias.to(xs.dtype), groups=e)
+    return y.transpose(1, 2)  # (B, E, T) -> (B, T, E)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  state: torch.Tensor | None = None) -> torch.Tensor:
+    """`causal_conv1d_ref`'s result (up to rounding), by the C loop of `lib.kernels.scan_cpu` for
+    CPU tensors in fp32 or fp64 where it compiled (PyTorch's grouped conv1d spends milliseconds
+    on each of this course's small inputs, mostly in its backward), else by the reference."""
+    _check_conv_inputs(x, weight, bias, state)
+    return _conv_auto(x, weight, bias, state)
+
+
+def _conv_auto(x, weight, bias, state):
+    tensors = (x, weight, bias, state)
+    if x.device.type == "cpu" and _work_dtype(*tensors) in (torch.float32, torch.float64) \
+            and all(t is None or t.dtype == x.dtype for t in tensors):
+        from lib.kernels.scan_cpu import _conv, cpu_kernel_available
+        if cpu_kernel_available():
+            return _conv(x, weight, bias, state)
+    return _conv_ref(x, weight, bias, state)
+
+
 # --------------------------------------------------------------------------- the model
 SCAN_NAMES = tuple(SCANS)
 NORMS = ("rms", "layer")
@@ -636,15 +699,17 @@ class MambaMixer(nn.Module):
         B, T, _ = x.shape
         E, K = self.d_inner, self.d_conv
         xs, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, 2E) -> 2 x (B, T, E)
-        xs = xs.transpose(1, 2)  # (B, T, E) -> (B, E, T)
-        conv_state = xs.new_zeros(B, E, K - 1) if state is None else state[0].to(xs.dtype)
-        window = torch.cat([conv_state, xs], dim=-1)  # (B, E, K − 1 + T)
-        xs = F.conv1d(window, self.conv1d.weight, self.conv1d.bias, groups=E)  # (B, E, T): position t sees t−K+1..t
-        xs = F.silu(xs).transpose(1, 2)  # (B, E, T) -> (B, T, E)
-        y, h = self.ssm(xs, None if state is None else state[1])  # (B, T, E), (B, E, N)
+        conv_state = None if state is None else state[0].to(xs.dtype)  # (B, E, K − 1): the inputs before x
+        # the depthwise conv over (conv_state, xs): position t sees t−K+1..t (a C loop on a CPU: causal_conv1d)
+        xc = _conv_auto(xs, self.conv1d.weight, self.conv1d.bias, conv_state)  # (B, T, E)
+        y, h = self.ssm(F.silu(xc), None if state is None else state[1])  # (B, T, E), (B, E, N)
         y = y * F.silu(z)  # the gate
-        new_state = (window[..., window.shape[-1] - (K - 1):], h.to(x.dtype))  # last K − 1 inputs, (B, E, N)
-        return self.out_proj(y), new_state
+        if T >= K - 1:  # the conv's next state: the last K − 1 inputs
+            last = xs[:, T - (K - 1):].transpose(1, 2)  # (B, E, K − 1)
+        else:
+            last = torch.cat([xs.new_zeros(B, E, K - 1) if conv_state is None else conv_state,
+                              xs.transpose(1, 2)], dim=-1)[..., T:]
+        return self.out_proj(y), (last, h.to(x.dtype))
 
     def step(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
         """One position: x (B, C), state (conv (B, E, K−1), ssm (B, E, N)) -> y (B, C), the next state."""

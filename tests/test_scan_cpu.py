@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import lib.kernels.scan_cpu as scan_cpu
-from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status, selective_scan_cpu
-from lib.ssm import MambaConfig, MambaLM, selective_scan, selective_scan_ref
+from lib.kernels.scan_cpu import causal_conv1d_cpu, cpu_kernel_available, cpu_kernel_status, selective_scan_cpu
+from lib.ssm import MambaConfig, MambaLM, causal_conv1d, causal_conv1d_ref, selective_scan, selective_scan_ref
 from tests.test_ssm import TOL64, _bad_scan_cases, scan_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -306,3 +306,52 @@ def test_kernel_specific_bad_arguments():
         selective_scan(x, dl, A, B, C, chunk_size=4, impl="cpu")
     with pytest.raises(ValueError, match="selective_scan_cpu runs on CPU tensors, got device meta"):
         scan_cpu._require_cpu(torch.empty(1, device="meta").device)
+
+
+# --------------------------------------------------------------------------- the mixer's convolution
+def _conv_inputs(b, t, e, k, *, seed, dtype=torch.float64, bias=True, state=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, t, 2 * e, generator=g, dtype=dtype)[..., :e]  # a slice, as in_proj(x).chunk(2) gives
+    w = torch.randn(e, 1, k, generator=g, dtype=dtype)
+    return (x, w, torch.randn(e, generator=g, dtype=dtype) if bias else None,
+            torch.randn(b, e, k - 1, generator=g, dtype=dtype) if state else None)
+
+
+@needs_kernel
+@pytest.mark.parametrize("b, t, e, k", [(1, 1, 1, 1), (2, 1, 5, 4), (2, 2, 3, 4), (3, 25, 130, 4), (2, 9, 8, 7)])
+@pytest.mark.parametrize("bias, state", [(True, True), (False, False), (True, False)])
+def test_conv_loop_is_the_grouped_conv1d_with_its_gradients(b, t, e, k, bias, state):
+    """fp64: the loop's output and the gradients of x, weight, bias and the carried inputs equal
+    PyTorch's grouped conv1d's to 1e-12; T = 1, T shorter than the K − 1 carried inputs, K = 1."""
+    inputs = _conv_inputs(b, t, e, k, seed=b + t + e + k, bias=bias, state=state)
+    w_out = torch.randn(b, t, e, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+    def run(fn):
+        leaves = [None if v is None else v.detach().requires_grad_() for v in inputs]
+        y = fn(*leaves)
+        (y * w_out).sum().backward()
+        return [y] + [None if v is None else v.grad for v in leaves]
+
+    for name, got, want in zip(("y", "x", "weight", "bias", "state"), run(causal_conv1d_cpu), run(causal_conv1d_ref)):
+        if want is None:
+            assert got is None
+            continue
+        torch.testing.assert_close(got, want, rtol=TOL64, atol=TOL64, msg=lambda m: f"{name}: {m}")
+
+
+@needs_kernel
+def test_conv_loop_in_fp32_threads_and_bad_inputs():
+    x, w, bias, state = (v.float() for v in _conv_inputs(4, 30, 64, 4, seed=30))
+    y = causal_conv1d_cpu(x, w, bias, state)
+    assert y.dtype == torch.float32
+    assert_close32(y, causal_conv1d_ref(x, w, bias, state))
+    assert all(torch.equal(causal_conv1d_cpu(x, w, bias, state, threads=n), y) for n in (1, 3))
+    assert torch.equal(causal_conv1d(x, w, bias, state), y)  # the front door takes the loop on a CPU
+    with pytest.raises(ValueError, match=r"weight must have shape \(E, 1, K\)"):
+        causal_conv1d_cpu(x, w[:5], bias, state)
+    with pytest.raises(ValueError, match=r"state must have shape \(4, 64, 3\)"):
+        causal_conv1d_cpu(x, w, bias, state[..., :2])
+    with pytest.raises(ValueError, match=r"x must have rank 3|x must have shape"):
+        causal_conv1d_cpu(x[0], w, bias)
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        causal_conv1d_cpu(x.long(), w, bias)

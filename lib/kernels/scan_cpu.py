@@ -54,7 +54,7 @@ import torch
 
 from lib._checks import require_int
 
-__all__ = ["cpu_kernel_available", "cpu_kernel_status", "selective_scan_cpu"]
+__all__ = ["causal_conv1d_cpu", "cpu_kernel_available", "cpu_kernel_status", "selective_scan_cpu"]
 
 SOURCE = Path(__file__).with_name("scan_cpu.c")
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
@@ -98,7 +98,22 @@ def _wants_vector_exp(version: str) -> bool:
     text = version.lower()
     is_gcc = ("gcc" in text or "free software foundation" in text) and "clang" not in text
     return (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and is_gcc
-            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+            and _cpu_has_avx2_fma())
+
+
+def _cpu_has_avx2_fma() -> bool:
+    """The CPU itself runs AVX2 and FMA instructions (its flags in /proc/cpuinfo). Not ATen's
+    capability, which ATEN_CPU_CAPABILITY lowers on purpose (the course's perturbed test runs) while
+    the CPU, and this loop's code, stay the same; where cpuinfo is unreadable, ATen's detection."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return {"avx2", "fma"} <= flags
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def _cache_dir() -> Path:
@@ -150,6 +165,11 @@ def _load(path: Path):
             fn.restype = ctypes.c_int
             pointers = 9 if "bwd" not in name else 14
             fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * (6 if "bwd" not in name else 7)
+    for suffix in ("f32", "f64"):
+        fwd, bwd = getattr(library, f"onemask_conv_{suffix}"), getattr(library, f"onemask_conv_{suffix}_bwd")
+        fwd.restype = bwd.restype = ctypes.c_int
+        fwd.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+        bwd.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 5
     return library
 
 
@@ -383,3 +403,72 @@ def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B:
     if threads is not None:
         require_int("threads", threads, minimum=1)
     return _scan(x, delta, A, B, C, D, h0, return_state, threads)
+
+
+# --------------------------------------------------------------------------- the mixer's convolution
+class _CpuConv(torch.autograd.Function):
+    """apply(x (B, T, E), wt (K, E), bias (E,) or None, state (B, E, K - 1) or None, threads), all
+    contiguous and of one dtype (fp32 or fp64) -> y (B, T, E); gradients for all four."""
+
+    @staticmethod
+    def forward(ctx, x, wt, bias, state, threads):
+        b, t, e = x.shape
+        k = wt.shape[0]
+        y = torch.empty_like(x)
+        suffix = "f64" if x.dtype == torch.float64 else "f32"
+        pointers = [None if v is None else v.data_ptr() for v in (x, state, wt, bias, y)]
+        _call(_library, f"onemask_conv_{suffix}", pointers, (t, e, k), b, _threads_for(threads, b, b * t * e * k))
+        ctx.save_for_backward(x, wt, state)
+        ctx.threads, ctx.has_bias = threads, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, wt, state = ctx.saved_tensors
+        b, t, e = x.shape
+        k = wt.shape[0]
+        gy = gy.to(x.dtype).contiguous()
+        gx = torch.empty_like(x)
+        gstate = None if state is None else torch.zeros_like(state)
+        gwp, gbp = torch.empty(b, k, e, dtype=x.dtype), torch.empty(b, e, dtype=x.dtype)
+        suffix = "f64" if x.dtype == torch.float64 else "f32"
+        pointers = [None if v is None else v.data_ptr() for v in (x, state, wt, gy, gx, gstate, gwp, gbp)]
+        _call(_library, f"onemask_conv_{suffix}_bwd", pointers, (t, e, k), b,
+              _threads_for(ctx.threads, b, 2 * b * t * e * k))
+        need = ctx.needs_input_grad
+        return (gx if need[0] else None, gwp.sum(0) if need[1] else None,
+                gbp.sum(0) if need[2] and ctx.has_bias else None, gstate if need[3] else None, None)
+
+
+def causal_conv1d_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      state: torch.Tensor | None = None, *, threads: int | None = None) -> torch.Tensor:
+    """The Mamba mixer's causal depthwise convolution by a plain C loop, differentiable: the same
+    result as `lib.ssm.causal_conv1d_ref` (up to rounding), for CPU tensors.
+
+    x (B, T, E); weight (E, 1, K) as nn.Conv1d(E, E, K, groups=E) holds it, or (E, K); bias (E,) or
+    None; state (B, E, K − 1), the inputs before x, or None (zeros) -> y (B, T, E) with
+    y[:, t] = bias + Σ_k weight[:, k] ⊙ (state, x)[t + k]: position t sees t − K + 1 .. t.
+    Computes in fp32 (fp64 if any input is fp64) and returns x's dtype.
+    """
+    from lib.ssm import _check_conv_inputs
+
+    _check_conv_inputs(x, weight, bias, state)
+    if threads is not None:
+        require_int("threads", threads, minimum=1)
+    return _conv(x, weight, bias, state, threads)
+
+
+def _conv(x, weight, bias, state, threads=None):
+    """causal_conv1d_cpu without the checks: lib.ssm calls it after its own."""
+    from lib.ssm import _work_dtype
+
+    _require_cpu(x.device)
+    if _ensure_built() is None:
+        raise RuntimeError(f"causal_conv1d_cpu is {_status}; use lib.ssm.causal_conv1d")
+    wt = _work_dtype(x, weight, bias, state)
+    w2 = weight.reshape(weight.shape[0], weight.shape[-1])  # (E, K)
+    y = _CpuConv.apply(x.to(wt).contiguous(), w2.to(wt).t().contiguous(),
+                       None if bias is None else bias.to(wt).contiguous(),
+                       None if state is None else state.to(wt).contiguous(),
+                       torch.get_num_threads() if threads is None else threads)
+    return y.to(x.dtype)
