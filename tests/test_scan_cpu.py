@@ -11,6 +11,7 @@ the fallback tests still run.
 """
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +124,25 @@ def test_half_inputs_non_contiguous_views_and_large_delta():
     y = selective_scan_cpu(x, big, A, B, C, D)
     assert torch.isfinite(y).all()
     assert_close32(y, selective_scan_ref(x, big, A, B, C, D))
+
+
+@needs_kernel
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="flush-to-zero is set on x86 only")
+def test_subnormals_are_flushed_inside_the_loops_and_only_there():
+    """A trained Mamba decays states through subnormal numbers, which cost x86 cores ~100x per
+    operation: the loops flush them to zero (an fp64 state of 1e-310 reads as 0) and restore the
+    thread's floating-point mode afterwards (Python's own arithmetic still keeps subnormals)."""
+    x, dl, A, B, C, D, _ = scan_inputs(1, 3, 2, 2, seed=40, dtype=torch.float64)
+    tiny = torch.full((1, 2, 2), 1e-310, dtype=torch.float64)
+    zero_x = torch.zeros_like(x)
+    for threads in (1, 2):
+        y = selective_scan_cpu(zero_x, dl, A, B, C, h0=tiny, threads=threads)
+        assert selective_scan_ref(zero_x, dl, A, B, C, h0=tiny).abs().max() > 0  # the definition keeps them
+        assert torch.equal(y, torch.zeros_like(y))
+        leaves = [t.clone().requires_grad_() for t in (x, dl, A, B, C)]
+        selective_scan_cpu(*leaves, threads=threads).sum().backward()
+    small = 5e-324
+    assert small * 1.0 == small and torch.tensor([small], dtype=torch.float64).mul(1.0).item() == small
 
 
 # --------------------------------------------------------------------------- gradients and dispatch

@@ -9,7 +9,7 @@ machine disturbs less. Inputs look like a Mamba layer's: Δ = softplus
 of a normal shifted by −4 (mostly 0.005–0.1), A = −(1..N) (S4D-real), x, B, C standard normal.
 For each L, the reference, the chunked PyTorch scan (`selective_scan(impl="chunked")`, default
 chunk size) and, where it compiled, the fused C loop (`lib.kernels.scan_cpu.selective_scan_cpu`,
-which `selective_scan` runs by default when no gradient is needed) run alternately, forward only
+which `selective_scan` runs by default on a CPU, forward and backward) run alternately, forward only
 (no_grad) and forward + backward, after one warm-up each; the result is the ratio of the medians. A chunk-size sweep at L = 2048 shows where `default_chunk_size` comes from.
 A record, not a test: timings depend on the machine and on whatever else runs on it (the load
 average is recorded beside them).
@@ -174,7 +174,8 @@ def main() -> None:
         "shapes_timed": [dict(zip(("batch", "D", "N"), shape)) for shape in shapes],
         "cpu_kernel": cpu_kernel_status(),
         "selective_scan_default": {"forward (no_grad)": "cpu" if "cpu" in timed else "chunked",
-                                   "forward_backward": "chunked"} if device.type == "cpu" else "chunked",
+                                   "forward_backward": "cpu" if "cpu" in timed else "chunked"}
+                                  if device.type == "cpu" else "chunked",
         "repeats": args.repeats,
         "results": rows,
         "chunk_size_sweep_forward_L2048_median_seconds": sweep,

@@ -1,0 +1,242 @@
+"""Training throughput: tokens per second of one training step, for every model the course trains.
+
+    python -m lib.bench.training                  # writes benchmarks/training_cpu.json
+    python -m lib.bench.training --repeats 30 --threads 1
+
+Each model is built as its lesson builds it, at the lesson's default size, batch and dtype:
+
+    lesson 03  the character GPT (2 layers, width 96, context 64), batch 24, float64
+    lesson 06  the selective-copying Mamba (2 layers, width 32), batch 32, float64
+    lesson 07  the MoE GPT of `lib.moe.train_moe_lm` (8 experts, top-2), batch 16 x 32, float32
+    lesson 08  the four models of `lib.compare.build_models("default")` (GPT, Mamba, MoE GPT,
+               hybrid) on its recall mix, batch 16, float64
+
+A step is what the lessons' training loops do: forward with the loss, backward, gradient
+clipping, an AdamW step. The models of one lesson are timed in turn on the same batches,
+interleaved (model 1, model 2, ..., then again), after one warm-up step each, so a change in the
+machine's load touches all of them alike; each model's figure is the median. Within a lesson the
+step time is also given relative to that lesson's GPT (lesson 08's ratios are the comparison its
+FLOPs table leaves out: what each architecture costs to train on this CPU). A record, not a test:
+timings depend on the machine and on whatever else runs on it (the load average is recorded).
+
+`training_throughput(models, batches)` is the measurement itself, for lessons to call on their
+own models (it trains copies, so the models passed in are left as they were).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from lib._checks import require_int
+from lib.bench import BENCHMARKS, cpu_name
+
+__all__ = ["LESSONS", "lesson_cases", "run", "training_throughput"]
+
+LESSONS = ("03", "06", "07", "08")
+
+
+def _loss(model, idx, targets):
+    out = model(idx, targets)
+    return out[1] if isinstance(out, tuple) else out
+
+
+def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, repeats: int = 10, lr: float = 1e-3,
+                        dtype: torch.dtype | None = None) -> dict[str, dict]:
+    """Seconds per training step and tokens per second for each model, timed side by side.
+
+    models: {name: a model whose forward(idx, targets) returns (logits, loss)}; batches: a list of
+    (idx (B, T), targets (B, T)) pairs, all models given the same ones in the same order. Each
+    model trains a deep copy (AdamW at `lr`, gradients clipped to norm 1, as lib.tasks.train_on_task),
+    in `dtype` if given (else the model's own). One warm-up step each, then `repeats` rounds, each
+    round one step of every model in turn. Returns {name: {"median_seconds", "tokens_per_step",
+    "tokens_per_second", "seconds"}}, tokens counted over the batch (B·T, padding included).
+    """
+    if not isinstance(models, dict) or not models or not all(isinstance(m, torch.nn.Module) for m in models.values()):
+        raise TypeError("models must be a non-empty dict of name -> torch.nn.Module")
+    if not isinstance(batches, (list, tuple)) or not batches:
+        raise ValueError("batches must be a non-empty list of (idx, targets) pairs")
+    for i, batch in enumerate(batches):
+        if not (isinstance(batch, (list, tuple)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)
+                and batch[0].dim() == 2 and batch[0].shape == batch[1].shape):
+            raise ValueError(f"batches[{i}] must be a pair (idx, targets) of (B, T) tensors of one shape")
+    require_int("repeats", repeats, minimum=1)
+    steps: dict[str, Callable[[tuple], float]] = {}
+    for name, model in models.items():
+        twin = copy.deepcopy(model)
+        if dtype is not None:
+            twin = twin.to(dtype)
+        twin.train()
+        params = [p for p in twin.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
+
+        def step(batch, twin=twin, params=params, opt=opt) -> float:
+            start = time.perf_counter()
+            loss = _loss(twin, *batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            return time.perf_counter() - start
+
+        steps[name] = step
+    seconds = {name: [] for name in models}
+    for step in steps.values():
+        step(batches[0])  # warm-up: first-call costs (allocations, a kernel's build) stay out
+    for r in range(repeats):
+        batch = batches[r % len(batches)]
+        for name, step in steps.items():
+            seconds[name].append(step(batch))
+    tokens = statistics.mean(batches[r % len(batches)][0].numel() for r in range(repeats))  # those timed
+    out = {}
+    for name, s in seconds.items():
+        median = statistics.median(s)
+        out[name] = {"median_seconds": median, "tokens_per_step": tokens, "tokens_per_second": tokens / median,
+                     "seconds": s}
+    return out
+
+
+# --------------------------------------------------------------------------- the lessons' models
+def _char_batches(batch_size: int, seq_len: int, count: int, seed: int):
+    from lib.corpus import CharVocab, facts_corpus
+    from lib.gpt import get_batch
+
+    text = "\n".join(facts_corpus(1000, seed=0)) + "\n"
+    vocab = CharVocab.build(text)
+    data = vocab.encode(text)
+    g = torch.Generator().manual_seed(seed)
+    return len(vocab), [get_batch(data, batch_size, seq_len, g) for _ in range(count)]
+
+
+def _task_batches(task, batch_size: int, count: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [task(batch_size, g) for _ in range(count)]
+
+
+def lesson_cases(lesson: str, *, batches: int = 8, seed: int = 0) -> tuple[dict, list, torch.dtype]:
+    """(models, batches, dtype) of one lesson's training, as `training_throughput` takes them."""
+    from lib.precision import default_dtype
+
+    if lesson not in LESSONS:
+        raise ValueError(f"lesson must be one of {LESSONS}, got {lesson!r}")
+    require_int("batches", batches, minimum=1)
+    torch.manual_seed(seed)
+    if lesson == "03":
+        from lib.gpt import GPT, GPTConfig
+
+        vocab_size, data = _char_batches(24, 64, batches, seed)
+        with default_dtype(torch.float64):
+            models = {"GPT": GPT(GPTConfig.tiny(vocab_size=vocab_size, n_layer=2, n_embd=96))}
+        return models, data, torch.float64
+    if lesson == "06":
+        from lib.ssm import MambaConfig, MambaLM
+        from lib.tasks import SelectiveCopying
+
+        task = SelectiveCopying(n_data=3, n_blank=13, n_symbols=8)
+        with default_dtype(torch.float64):
+            models = {"Mamba": MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2))}
+        return models, _task_batches(task, 32, batches, seed), torch.float64
+    if lesson == "07":
+        from lib.gpt import GPTConfig
+        from lib.moe import moe_gpt
+
+        vocab_size, data = _char_batches(16, 32, batches, seed)
+        config = GPTConfig(vocab_size=vocab_size, block_size=32, n_layer=2, n_head=4, n_embd=64)
+        return {"MoE GPT": moe_gpt(config, 8, 2, 128)}, data, torch.float32
+    from lib.compare import SETTINGS, MixedTask, build_models, recall_task
+
+    setting = SETTINGS["default"]
+    mix = MixedTask([recall_task(setting, p) for p in setting.recall_train_pairs])
+    with default_dtype(torch.float64):
+        models = build_models(setting, mix.vocab_size)
+    return models, _task_batches(mix, setting.batch_size, batches, seed), torch.float64
+
+
+def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> dict:
+    """Every lesson's models timed (lesson by lesson), as a JSON-able record."""
+    from lib.kernels.scan_cpu import cpu_kernel_status
+
+    require_int("repeats", repeats, minimum=1)
+    before = torch.get_num_threads()
+    if threads is not None:
+        require_int("threads", threads, minimum=1)
+        torch.set_num_threads(threads)
+    load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
+    rows = []
+    try:
+        for lesson in lessons:
+            models, batches, dtype = lesson_cases(lesson)
+            timed = training_throughput(models, batches, repeats=repeats, dtype=dtype)
+            base = timed.get("GPT")
+            for name, t in timed.items():
+                rows.append({"lesson": lesson, "model": name, "dtype": str(dtype).replace("torch.", ""),
+                             "parameters": sum(p.numel() for p in models[name].parameters()),
+                             "batch_shape": list(batches[0][0].shape),
+                             "median_seconds_per_step": round(t["median_seconds"], 6),
+                             "tokens_per_step": t["tokens_per_step"],
+                             "tokens_per_second": round(t["tokens_per_second"], 1),
+                             "step_time_vs_lesson_gpt": None if base is None else round(t["median_seconds"]
+                                                                                        / base["median_seconds"], 2),
+                             "seconds": [round(s, 6) for s in t["seconds"]]})
+            if load:
+                load.append(os.getloadavg()[0])
+    finally:
+        torch.set_num_threads(before)
+    return {
+        "benchmark": "training throughput: one step (forward with loss, backward, clipping, AdamW) of each model "
+                     "the course trains, at its lesson's default size, batch and dtype; models of one lesson "
+                     "interleaved on the same batches; median over repeats",
+        "repeats": repeats,
+        "results": rows,
+        "scan_kernel": cpu_kernel_status(),
+        "machine": {"cpu": cpu_name(), "cpu_cores": os.cpu_count(), "torch_threads": threads or before,
+                    "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+                    "load_average_1min_at_start_and_after_each_lesson": load},
+        "busy_machine": bool(load) and max(load) > (os.cpu_count() or 1),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "generated_by": "python -m lib.bench.training",
+        "note": "generated file: rerun python -m lib.bench.training to update it, do not edit by hand. A load "
+                "average above the core count means other processes shared the CPU.",
+    }
+
+
+def markdown(record: dict) -> str:
+    lines = ["| lesson | model | dtype | parameters | batch | ms per step | tokens/s | step vs lesson's GPT |",
+             "|---|---|---|---:|---|---:|---:|---:|"]
+    for r in record["results"]:
+        ratio = "" if r["step_time_vs_lesson_gpt"] is None else f"{r['step_time_vs_lesson_gpt']:.2f}x"
+        lines.append(f"| {r['lesson']} | {r['model']} | {r['dtype']} | {r['parameters']:,} | "
+                     f"{' x '.join(map(str, r['batch_shape']))} | {1e3 * r['median_seconds_per_step']:.1f} | "
+                     f"{r['tokens_per_second']:,.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lessons", nargs="+", default=list(LESSONS), choices=LESSONS)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2: a laptop's least)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    record = run(args.lessons, repeats=args.repeats, threads=args.threads)
+    print(f"{record['machine']['cpu']}, {args.threads} threads, torch {torch.__version__}")
+    print(markdown(record))
+    if record["busy_machine"]:
+        print("\nwarning: the load average exceeded the core count: other processes shared the CPU")
+    out = args.out or BENCHMARKS / "training_cpu.json"
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
