@@ -136,7 +136,8 @@ int onemask_scan_f64(SCAN_ARGS(double)) {
  * It needs h_{t-1} and h_t at every t, in reverse order, and keeps none of the (B, L, D, N) states:
  * the forward kept one state every K positions (hc), and each segment of K positions is recomputed
  * from its checkpoint into a buffer of K states of a block of channels, then walked backwards (the
- * official CUDA kernel's recomputation, Mamba §3.3.2, with the cache standing in for SRAM).
+ * official CUDA kernel's recomputation, Mamba §3.3.2, with the cache standing in for SRAM); the recompute
+ * also keeps each a_t of the segment, so the walk back computes no exponential.
  *
  * Work is split into units: a sequence b and a block of `block` channels. B and C are shared by the
  * channels and A by the sequences, so a unit writes its own partial sums, gBp and gCp (B, nblk, L, N)
@@ -155,11 +156,12 @@ int onemask_scan_f64(SCAN_ARGS(double)) {
        reaching the current state; gA: this unit's sum for A, gAs the current segment's (summed     \
        in two levels, so fp32 rounding grows with K + L/K terms, not L); gBt, gCt: one position's */ \
     T *hs = (T *)aligned_alloc(ALIGN, sizeof(T) * (K + 1) * block * stride);                        \
+    T *as = (T *)aligned_alloc(ALIGN, sizeof(T) * K * block * stride); /* the segment's decays a_t */ \
     T *g = (T *)aligned_alloc(ALIGN, sizeof(T) * block * stride);                                   \
     T *gA = (T *)aligned_alloc(ALIGN, sizeof(T) * block * stride);                                  \
     T *gAs = (T *)aligned_alloc(ALIGN, sizeof(T) * block * stride);                                 \
     T *gBt = (T *)aligned_alloc(ALIGN, sizeof(T) * stride), *gCt = (T *)aligned_alloc(ALIGN, sizeof(T) * stride); \
-    int status = (hs && g && gA && gAs && gBt && gCt) ? 0 : -1;                                     \
+    int status = (hs && as && g && gA && gAs && gBt && gCt) ? 0 : -1;                               \
     for (int64_t unit = unit_begin; unit < unit_end && status == 0; unit++) {                       \
       const int64_t b = unit / nblk, blk = unit % nblk, d0 = blk * block;                           \
       const int64_t d1 = d0 + block < D ? d0 + block : D, bw = d1 - d0;                             \
@@ -185,9 +187,13 @@ int onemask_scan_f64(SCAN_ARGS(double)) {
             const int64_t d = d0 + j;                                                               \
             const T delta = dtt[d], u = delta * xt[d];                                              \
             const T *Ad = A + d * N, *hp = prev + j * stride;                                       \
-            T *hd = cur + j * stride;                                                               \
+            T *hd = cur + j * stride, *ad = as + ((t - s) * block + j) * stride;                    \
             _Pragma("omp simd")                                                                    \
-            for (int64_t n = 0; n < NN; n++) hd[n] = EXP(delta * Ad[n]) * hp[n] + Bt[n] * u;         \
+            for (int64_t n = 0; n < NN; n++) {                                                      \
+              const T a = EXP(delta * Ad[n]);                                                       \
+              ad[n] = a;                                                                            \
+              hd[n] = a * hp[n] + Bt[n] * u;                                                        \
+            }                                                                                       \
           }                                                                                         \
         }                                                                                           \
         /* walk the segment backwards */                                                            \
@@ -201,11 +207,12 @@ int onemask_scan_f64(SCAN_ARGS(double)) {
             const int64_t d = d0 + j;                                                               \
             const T delta = dtt[d], xv = xt[d], u = delta * xv, gyv = gyt[d];                       \
             const T *Ad = A + d * N, *hp = prev + j * stride, *hd = cur + j * stride;               \
+            const T *ad = as + ((t - s) * block + j) * stride;                                      \
             T *gd = g + j * stride, *gAd = gAs + j * stride;                                         \
             T via_a = 0, via_u = 0; /* Σ_n g a h_{t-1} A and Σ_n g B */                             \
             _Pragma("omp simd reduction(+:via_a, via_u)")                                          \
             for (int64_t n = 0; n < NN; n++) {                                                       \
-              const T a = EXP(delta * Ad[n]);                                                       \
+              const T a = ad[n];                        /* kept by the recompute */                 \
               const T gn = gd[n] + gyv * Ct[n];       /* the gradient reaching h_t */               \
               const T gah = gn * a * hp[n];           /* ... through a_t, times a_t */              \
               gCt[n] += gyv * hd[n];                                                                \
@@ -234,6 +241,7 @@ int onemask_scan_f64(SCAN_ARGS(double)) {
         }                                                                                           \
     }                                                                                               \
     free(hs);                                                                                       \
+    free(as);                                                                                       \
     free(g);                                                                                        \
     free(gA);                                                                                       \
     free(gAs);                                                                                      \

@@ -62,7 +62,7 @@ VECTOR_EXP_FLAGS = ("-mavx2", "-mfma", "-DONEMASK_LIBMVEC")  # gcc, x86-64 Linux
 OPENMP_FLAGS = ("-fopenmp",)  # threads from PyTorch's own OpenMP pool (see scan_cpu.c); else Python threads
 MIN_WORK_PER_THREAD = 1 << 16  # B·D·L·N multiply-adds below which a second thread costs more than it saves
 CHECKPOINT_EVERY = 64  # K: the forward keeps the state entering every K-th position for the backward
-BACKWARD_BLOCK = 16  # channels one backward unit walks together: K states of them stay in cache (64 KiB)
+BACKWARD_BLOCK = 16  # channels one backward unit walks together: K states and decays of them stay in cache
 
 _lock = threading.Lock()
 _library = None  # the loaded ctypes library, once built
