@@ -159,7 +159,7 @@ def _ssm_models():
         for name, selective in (("selective", True), ("fixed Δ, B, C", False)):
             torch.manual_seed(0)
             models[name] = MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2,
-                                               selective=selective, scan="ref"))
+                                               selective=selective))
             train_on_task(models[name], task, steps=150, batch_size=32, lr=5e-3, seed=0)
     return task, models
 

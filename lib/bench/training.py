@@ -181,7 +181,8 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
             for name, t in timed.items():
                 rows.append({"lesson": lesson, "model": name, "dtype": str(dtype).replace("torch.", ""),
                              "parameters": sum(p.numel() for p in models[name].parameters()),
-                             "batch_shape": list(batches[0][0].shape),
+                             "batch_size": batches[0][0].shape[0],
+                             "mean_length": round(t["tokens_per_step"] / batches[0][0].shape[0], 2),
                              "median_seconds_per_step": round(t["median_seconds"], 6),
                              "tokens_per_step": t["tokens_per_step"],
                              "tokens_per_second": round(t["tokens_per_second"], 1),
@@ -211,12 +212,12 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
 
 
 def markdown(record: dict) -> str:
-    lines = ["| lesson | model | dtype | parameters | batch | ms per step | tokens/s | step vs lesson's GPT |",
+    lines = ["| lesson | model | dtype | parameters | batch x mean T | ms per step | tokens/s | step vs lesson's GPT |",
              "|---|---|---|---:|---|---:|---:|---:|"]
     for r in record["results"]:
         ratio = "" if r["step_time_vs_lesson_gpt"] is None else f"{r['step_time_vs_lesson_gpt']:.2f}x"
         lines.append(f"| {r['lesson']} | {r['model']} | {r['dtype']} | {r['parameters']:,} | "
-                     f"{' x '.join(map(str, r['batch_shape']))} | {1e3 * r['median_seconds_per_step']:.1f} | "
+                     f"{r['batch_size']} x {r['mean_length']:g} | {1e3 * r['median_seconds_per_step']:.1f} | "
                      f"{r['tokens_per_second']:,.0f} | {ratio} |")
     return "\n".join(lines)
 

@@ -25,6 +25,9 @@ loop with scalar exp. Where no compiler works (or ONEMASK_CPU_KERNEL=0 is set), 
 `cpu_kernel_status()` says why, and `lib.ssm.selective_scan` uses its chunked scan instead.
 
     selective_scan_cpu   same arguments and returns as lib.ssm.selective_scan_ref, plus `threads`
+    causal_conv1d_cpu    the mixer's causal depthwise convolution (lib.ssm.causal_conv1d_ref), as a
+                         loop with its backward: PyTorch's grouped conv1d costs milliseconds per
+                         call at this course's sizes, most of it in the backward
     cpu_kernel_status    "compiled ..." or "unavailable: <why>"; builds on first call
 
 Differentiable by its own fused backward, in the same C file: when a gradient will be needed the
