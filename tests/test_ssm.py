@@ -431,3 +431,64 @@ def test_traced_states_of_a_float64_model_stay_float64():
     idx = torch.randint(10, (2, 9), generator=torch.Generator().manual_seed(1))
     tr = trace_states(model, idx, layer=1)
     assert tr["h"].dtype == tr["delta"].dtype == torch.float64
+
+
+# --------------------------------------------------------------------------- against Hugging Face
+HF_NAMES = {"embedding.weight": "backbone.embeddings.weight", "norm_f.weight": "backbone.norm_f.weight",
+            "lm_head.weight": "lm_head.weight"}
+
+
+def _hf_name(name: str) -> str:
+    """Our parameter name -> Hugging Face MambaForCausalLM's (the official layout, less the `ssm.` step)."""
+    if name in HF_NAMES:
+        return HF_NAMES[name]
+    return "backbone." + name.replace("mixer.ssm.", "mixer.")
+
+
+@pytest.mark.parametrize("scan", ["auto", "chunked", "ref"])
+def test_mamba_lm_is_hugging_faces_mamba_for_causal_lm(scan):
+    """Our MambaLM with a Hugging Face MambaForCausalLM's weights (transformers' own PyTorch path,
+    no download: a random model of the same config) gives the same logits and the same gradient for
+    every parameter, in fp64, whichever scan runs it (auto: the fused C loop and its convolution
+    where they compiled), and decodes step by step to the same logits."""
+    from transformers import MambaConfig as HFMambaConfig
+    from transformers import MambaForCausalLM
+
+    torch.manual_seed(0)
+    config = HFMambaConfig(vocab_size=37, hidden_size=24, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+                           time_step_rank=3, use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5,
+                           residual_in_fp32=True, tie_word_embeddings=True)
+    hf = MambaForCausalLM(config).double()
+    ours = MambaLM(MambaConfig(vocab_size=37, d_model=24, n_layers=2, d_state=8, d_conv=4, dt_rank=3, scan=scan)).double()
+    theirs = hf.state_dict()
+    missing = ours.load_state_dict({name: theirs[_hf_name(name)] for name in ours.state_dict()}, strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    idx = torch.randint(37, (3, 23), generator=torch.Generator().manual_seed(1))
+
+    def hf_logits(ids):  # MambaForCausalLM's head, without the float32 cast it applies to its logits
+        return hf.lm_head(hf.backbone(input_ids=ids).last_hidden_state)
+
+    hf_out = hf_logits(idx[:, :-1])
+    hf_loss = F.cross_entropy(hf_out.reshape(-1, 37), idx[:, 1:].reshape(-1))
+    logits, loss = ours(idx[:, :-1], idx[:, 1:])
+    assert hf_out.dtype == logits.dtype == torch.float64
+    # Hugging Face's path computes its RMSNorm and B̄x in float32 even in a float64 model, so the two
+    # agree to float32's rounding (measured: 1e-7 of the largest logit, 3e-7 of a gradient's largest
+    # entry), not float64's; 1e-5 of the largest value still fails on any real difference (O(1)).
+    tol = dict(rtol=1e-5, atol=1e-5 * hf_out.abs().max().item())
+    torch.testing.assert_close(logits, hf_out, **tol)
+    torch.testing.assert_close(loss, hf_loss, rtol=1e-6, atol=0)
+    loss.backward()
+    hf_loss.backward()
+    hf_params = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        want = hf_params[_hf_name(name)].grad
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-5 * want.abs().max().item(),
+                                   msg=lambda m: f"grad of {name}: {m}")
+    with torch.no_grad():  # and the recurrent step reproduces the parallel forward
+        state = ours.new_state(3)
+        stepped = []
+        for t in range(idx.shape[1]):
+            out, state = ours.step(idx[:, t], state)
+            stepped.append(out)
+        torch.testing.assert_close(torch.stack(stepped, 1), hf_logits(idx), **tol)
