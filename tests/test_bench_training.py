@@ -60,7 +60,8 @@ def test_the_command_writes_a_record(tmp_path, capsys):
     record = json.loads(out.read_text())
     (row,) = record["results"]
     assert row["lesson"] == "06" and row["model"] == "Mamba" and len(row["seconds"]) == 2
-    assert record["machine"]["torch_threads"] == 1 and record["generated_by"] == "python -m lib.bench.training"
+    assert record["machine"]["torch_threads"] == 1 and record["machine"]["device"]
+    assert record["generated_by"] == "python -m lib.bench.training"
     assert "| 06 | Mamba | float64 |" in capsys.readouterr().out
 
 

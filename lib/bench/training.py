@@ -200,7 +200,7 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
         "repeats": repeats,
         "results": rows,
         "scan_kernel": cpu_kernel_status(),
-        "machine": {"cpu": cpu_name(), "cpu_cores": os.cpu_count(), "torch_threads": threads or before,
+        "machine": {"device": cpu_name(), "cpu_cores": os.cpu_count(), "torch_threads": threads or before,
                     "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
                     "load_average_1min_at_start_and_after_each_lesson": load},
         "busy_machine": bool(load) and max(load) > (os.cpu_count() or 1),
@@ -230,7 +230,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     record = run(args.lessons, repeats=args.repeats, threads=args.threads)
-    print(f"{record['machine']['cpu']}, {args.threads} threads, torch {torch.__version__}")
+    print(f"{record['machine']['device']}, {args.threads} threads, torch {torch.__version__}")
     print(markdown(record))
     if record["busy_machine"]:
         print("\nwarning: the load average exceeded the core count: other processes shared the CPU")
