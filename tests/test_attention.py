@@ -97,6 +97,34 @@ def test_chunked_equals_reference_for_any_block_sizes(T, extra, D, block_q, bloc
     assert torch.allclose(out, attention_ref(q, k, v, causal=causal), atol=1e-5, rtol=1e-5)
 
 
+@given(
+    T=st.integers(2, 40), extra=st.integers(0, 12), block_q=st.integers(1, 9), block_k=st.integers(1, 17),
+    causal=st.booleans(), left=st.booleans(), seed=st.integers(0, 2**16), data=st.data(),
+)
+def test_chunked_equals_reference_with_padding_masks_and_more_queries_than_a_block(T, extra, block_q, block_k, causal,
+                                                                                  left, seed, data):
+    """A padding mask per sequence (left or right padded, any number of real keys, 1 up to all),
+    several query blocks (T > block_q), keys beyond the queries: the same output as the reference,
+    and rows that see no key (left padding under the causal mask) give exactly 0."""
+    if T <= block_q:
+        block_q = max(1, T - 1)
+    S = T + extra
+    q, k, v = qkv(B=2, H=2, T=T, S=S, D=4, seed=seed)
+    real = [data.draw(st.integers(1, S)) for _ in range(2)]
+    keep = torch.zeros(2, S, dtype=torch.long)
+    for b, n in enumerate(real):
+        if left:
+            keep[b, S - n:] = 1
+        else:
+            keep[b, :n] = 1
+    mask = padding_mask(keep)
+    out = attention_chunked(q, k, v, mask, causal=causal, block_q=block_q, block_k=block_k)
+    want = attention_ref(q, k, v, mask, causal=causal)
+    # fp32, scores of size ~1: only the order of summation differs
+    assert torch.allclose(out, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[want.abs().sum(-1) == 0], want[want.abs().sum(-1) == 0])
+
+
 def test_masked_weights_are_exactly_zero_and_rows_sum_to_one_or_zero():
     q, k, _ = qkv(T=10)
     mask = combine_masks(causal_mask(10), padding_mask(torch.tensor([[0, 0] + [1] * 8, [1] * 7 + [0] * 3])))

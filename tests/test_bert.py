@@ -1,6 +1,8 @@
 """lib.bert: equal to Hugging Face's BertModel on the real all-MiniLM-L6-v2 checkpoint, padding
 never leaks into real positions, BERT's 80/10/10 corruption holds, bad input is named."""
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModel
@@ -229,3 +231,45 @@ def test_config_refuses_what_is_not_implemented():
         BertConfig.from_huggingface({"hidden_act": "relu"})
     with pytest.raises(TypeError, match="BertConfig"):
         Bert({"hidden_size": 8})
+
+
+def _chi2_critical(df: int, z: float = 3.719) -> float:
+    """The chi-squared quantile of upper-tail probability 1e-4 (z = 3.719), by Wilson and Hilferty's
+    cube-root normal approximation (accurate to about 1% at these degrees of freedom)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_mlm_corruption_is_uniform_over_tokens_and_positions_and_follows_its_generator():
+    """Random replacements spread evenly over the non-special vocabulary (chi-squared against
+    uniform, at every part of the sequence alike), selection is independent of the position
+    (chi-squared over the 64 positions), and the draws come from `generator` alone: the global
+    seed changes nothing, another generator seed changes the result."""
+    vocab, special, mask_id = 50, [0, 1, 2, 3, 4], 4
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(5, vocab, (4000, 64), generator=g)
+    corrupted, labels = mlm_corrupt(ids, mask_token_id=mask_id, vocab_size=vocab, special_token_ids=special,
+                                    generator=torch.Generator().manual_seed(8))
+    selected = labels != -100
+    # selection per position: each column holds 4000 eligible tokens, 15% expected selected
+    per_position = selected.sum(0).double()
+    expected = 0.15 * 4000
+    chi2 = (((per_position - expected) ** 2) / (expected * 0.85)).sum().item()
+    assert chi2 < _chi2_critical(63), f"selection depends on the position (chi-squared {chi2:.1f})"
+    # replacements: a random token that differs from the original is uniform over the other 44
+    # non-special ids; pooled over originals, uniform over all 45, in each half of the sequence
+    replaced = selected & (corrupted != ids) & (corrupted != mask_id)
+    for half in (slice(0, 32), slice(32, 64)):
+        values = corrupted[:, half][replaced[:, half]]
+        counts = torch.bincount(values, minlength=vocab)[5:].double()  # ids 5..49
+        assert (torch.bincount(values, minlength=vocab)[:5] == 0).all()  # never a special id
+        e = counts.sum() / 45
+        chi2 = (((counts - e) ** 2) / e).sum().item()
+        assert chi2 < _chi2_critical(44), f"random replacements are not uniform (chi-squared {chi2:.1f})"
+    # the generator, and only it, decides
+    torch.manual_seed(123)
+    again = mlm_corrupt(ids, mask_token_id=mask_id, vocab_size=vocab, special_token_ids=special,
+                        generator=torch.Generator().manual_seed(8))
+    assert torch.equal(again[0], corrupted) and torch.equal(again[1], labels)
+    other = mlm_corrupt(ids, mask_token_id=mask_id, vocab_size=vocab, special_token_ids=special,
+                        generator=torch.Generator().manual_seed(9))
+    assert not torch.equal(other[1], labels)

@@ -388,3 +388,30 @@ def test_forward_flops_counts_what_the_reference_path_multiplies(T, S):
         with FlopCounterMode(display=False) as counter:
             model(torch.zeros(1, T, dtype=torch.long), caches=caches, start=S - T)
     assert counter.get_total_flops() == forward_flops(cfg, T, S)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_cached_generate_decodes_one_token_per_step_at_the_next_position(padded):
+    """What the model is called with: with the cache, the prompt once at start 0, then exactly one
+    token per new token at start T, T + 1, ... (never the prefix again); without it, the whole
+    growing sequence from start 0 each time. The two give the same greedy tokens."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=23, block_size=32, n_layer=2, n_head=2, n_embd=16))
+    idx = torch.randint(23, (3, 5), generator=torch.Generator().manual_seed(1))
+    mask = None
+    if padded:
+        mask = torch.ones(3, 5, dtype=torch.long)
+        mask[1, :2] = 0  # a left-padded row
+    calls = []
+    handle = model.register_forward_pre_hook(
+        lambda mod, args, kwargs: calls.append((tuple(args[0].shape), kwargs.get("start", 0),
+                                                kwargs.get("caches") is not None)), with_kwargs=True)
+    try:
+        cached = generate(model, idx, 6, temperature=0, attention_mask=mask)
+        assert calls == [((3, 5), 0, True)] + [((3, 1), 5 + step, True) for step in range(5)]
+        calls.clear()
+        recomputed = generate(model, idx, 6, temperature=0, attention_mask=mask, use_cache=False)
+        assert calls == [((3, 5 + step), 0, False) for step in range(6)]
+    finally:
+        handle.remove()
+    assert torch.equal(cached, recomputed) and cached.shape == (3, 11)

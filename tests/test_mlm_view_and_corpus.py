@@ -104,3 +104,27 @@ def test_init_gradient_norms_has_one_finite_norm_per_layer():
     for norm_first in (False, True):
         norms = init_gradient_norms(BertConfig.tiny(num_hidden_layers=3, norm_first=norm_first), batch=2, T=8)
         assert len(norms) == 3 and all(np.isfinite(norms)) and all(n > 0 for n in norms)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_init_gradient_norms_are_each_layers_gradient_norm_from_an_explicit_backward(norm_first):
+    """The same model, batch and dropout draws rebuilt here, the loss differentiated with
+    torch.autograd.grad, and each encoder layer's norm taken over its own parameters only, in order:
+    init_gradient_norms gives those numbers (fp32; the sums of squares differ in order only)."""
+    config = BertConfig.tiny(num_hidden_layers=3, norm_first=norm_first)
+    norms = init_gradient_norms(config, batch=4, T=8, seed=3)
+    torch.manual_seed(3)
+    model = BertForMaskedLM(config).train()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, config.vocab_size, (4, 8), generator=g)
+    labels = torch.randint(5, config.vocab_size, (4, 8), generator=g)
+    _, loss = model(ids, labels=labels)
+    layers = list(model.bert.encoder.layer)
+    params = [list(layer.parameters()) for layer in layers]
+    grads = torch.autograd.grad(loss, [p for ps in params for p in ps])
+    want, i = [], 0
+    for ps in params:
+        want.append(torch.linalg.vector_norm(torch.cat([g_.flatten() for g_ in grads[i:i + len(ps)]])).item())
+        i += len(ps)
+    assert norms == pytest.approx(want, rel=1e-5)
+    assert len(set(round(n, 6) for n in norms)) == 3  # three different layers, so order and identity matter

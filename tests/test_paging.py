@@ -468,3 +468,22 @@ def test_simulator_refuses_bad_request_lists():
         simulate_serving([Request(0, 0, 1, 1), (1, 0, 1, 1)], policy="paged", capacity_tokens=100)
     with pytest.raises(ValueError, match="distinct rids"):
         simulate_serving([Request(0, 0, 1, 1), Request(0, 1, 1, 1)], policy="paged", capacity_tokens=100)
+
+
+def test_token_share_of_capacity_against_a_hand_trace():
+    """Two requests traced by hand through the rules of simulate_serving's docstring, capacity 10:
+    r0 (prompt 3, output 2) arrives at step 0: admitted, prefilled, its first token sampled: 4 slots;
+    step 1: its second token (5 slots), then it finishes. r1 (prompt 2, output 1) arrives at step 1:
+    3 slots, finishes. Used [4, 8] over a makespan of 2 steps: 12 / (10 x 2) = 0.6 whatever the policy;
+    reserved: oracle ranges [5, 8] (prompt + true output), blocks of 2 [4, 10]. Arriving at step 4
+    instead, r1 leaves two empty steps, which count against the pool: 12 / (10 x 5) = 0.24."""
+    reqs = (Request(0, 0, 3, 2), Request(1, 1, 2, 1))
+    for policy, kwargs, reserved in (("contiguous", {"reserve": "oracle"}, [5, 8]), ("paged", {"block_size": 2}, [4, 10])):
+        result = simulate_serving(reqs, policy=policy, capacity_tokens=10, max_len=8, **kwargs)
+        assert result.used_tokens == [4, 8] and result.reserved_tokens == reserved and result.makespan == 2
+        assert result.token_share_of_capacity() == pytest.approx(12 / 20)
+        assert result.token_share() == pytest.approx(12 / sum(reserved))
+    late = simulate_serving((Request(0, 0, 3, 2), Request(1, 4, 2, 1)), policy="contiguous", capacity_tokens=10,
+                            max_len=8, reserve="oracle")
+    assert late.used_tokens == [4, 5, 0, 0, 3] and late.makespan == 5
+    assert late.token_share_of_capacity() == pytest.approx(12 / 50)

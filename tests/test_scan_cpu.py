@@ -178,7 +178,7 @@ def test_fused_backward_is_the_references_gradient_in_fp64(b, L, d, n, every, mo
 # fp32 gradients against the fp64 reference, relative to the largest gradient: every scan rounds
 # differently (the loop's vector exp, the sums' orders), and the backward's sums over the sequence
 # (A's over B·L terms) are the longest; the C loop adds them per segment, then the segments, so its
-# error grows with K + L/K terms, not L. Measured here: at most 8e-7 (A's, L = 4096); the reference
+# error grows with K + L/K terms, not L. Measured here: at most 8e-7 (A's, L = 333, large Δ); the reference
 # itself in fp32 reaches 4e-7. 1e-5, as the forward, fails on any algorithmic slip (those are O(1)).
 GRAD_RTOL32 = 1e-5
 
