@@ -60,8 +60,9 @@ from lib.kv_cache import dtype_bytes
 from lib.sampling import _check_knobs, sample_next_token
 
 __all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "MixerCache", "SCANS", "SelectiveSSM",
-           "causal_conv1d", "causal_conv1d_ref", "default_chunk_size", "discretize", "generate", "lti_kernel", "parallel_scan_ref", "scan_combine",
-           "selective_scan", "selective_scan_ref", "ssm_convolution", "state_bytes", "trace_states"]
+           "causal_conv1d", "causal_conv1d_ref", "default_chunk_size", "discretize", "generate", "lti_kernel",
+           "parallel_scan_ref", "scan_combine", "selective_scan", "selective_scan_ref", "ssm_convolution", "state_bytes",
+           "trace_states"]
 
 
 # --------------------------------------------------------------------------- input checks

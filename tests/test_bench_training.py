@@ -42,16 +42,19 @@ def test_it_trains_copies_on_the_same_batches_and_counts_their_tokens():
 
 
 def test_the_lessons_models_are_built_as_the_lessons_build_them():
-    for lesson, names, dtype in (("03", ["GPT"], torch.float64), ("06", ["Mamba"], torch.float64),
-                                 ("07", ["MoE GPT"], torch.float32),
-                                 ("08", ["GPT", "Mamba", "MoE GPT", "Hybrid"], torch.float64)):
-        models, batches, want = lesson_cases(lesson, batches=2)
-        assert list(models) == names and want == dtype and len(batches) == 2
-        assert all(next(m.parameters()).dtype == dtype for m in models.values())
+    built_as = {"03": (["GPT"], torch.float64), "06": (["Mamba"], torch.float64), "07": (["MoE GPT"], torch.float32),
+                "08": (["GPT", "Mamba", "MoE GPT", "Hybrid"], torch.float64)}
+    assert set(built_as) == set(LESSONS)  # every lesson the benchmark times is checked here
+    for lesson, (names, dtype) in built_as.items():
+        models, batches = lesson_cases(lesson, batches=2)
+        assert list(models) == names and len(batches) == 2
+        # every parameter in the lesson's dtype but Mamba's A_log, which lib.ssm creates in float32 whatever the
+        # default dtype (as the official code keeps it)
+        assert all(p.dtype == dtype for m in models.values() for n, p in m.named_parameters()
+                   if not n.endswith("A_log"))
         idx, targets = batches[0]
         for m in models.values():
             m(idx, targets)  # the batches fit the models
-    assert set(LESSONS) == {"03", "06", "07", "08"}
 
 
 def test_the_command_writes_a_record(tmp_path, capsys):

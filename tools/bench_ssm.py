@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from datetime import datetime, timezone
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status, selective_scan_cpu
 from lib.ssm import default_chunk_size, selective_scan, selective_scan_ref
-from lib.bench import cpu_name
+from lib.bench import busy_machine, cpu_name, machine_record
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = (2, 64, 16)  # batch, D channels, N state entries
@@ -180,11 +179,9 @@ def main() -> None:
         "results": rows,
         "chunk_size_sweep_forward_L2048_median_seconds": sweep,
         "default_chunk_size_L2048": default_chunk_size(2048),
-        "machine": {"device": torch.cuda.get_device_name() if device.type == "cuda" else cpu_name(),
-                    "cpu_cores": os.cpu_count(), "torch_threads": args.threads,
-                    "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-                    "load_average_1min_at_start_and_after_each_thread_count": load},
-        "busy_machine": bool(load) and max(load) > (os.cpu_count() or 1),
+        "machine": machine_record(torch.cuda.get_device_name() if device.type == "cuda" else cpu_name(), args.threads,
+                                  load, "load_average_1min_at_start_and_after_each_thread_count"),
+        "busy_machine": busy_machine(load),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "generated_by": "tools/bench_ssm.py",
         "note": "generated file: rerun tools/bench_ssm.py to update it, do not edit by hand. A load average "

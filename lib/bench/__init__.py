@@ -1,10 +1,11 @@
 """Benchmark commands (`python -m lib.bench.attention`). Records, not tests: timings depend on the machine."""
 
 import json
+import os
 import platform
 from pathlib import Path
 
-__all__ = ["BENCHMARKS", "cpu_name", "load_record"]
+__all__ = ["BENCHMARKS", "busy_machine", "cpu_name", "load_record", "machine_record"]
 
 # The committed benchmark records (generated JSON files; tools/gpu_checks.sh writes the GPU ones).
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -29,3 +30,17 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def machine_record(device: str, torch_threads, load: list[float], load_key: str) -> dict:
+    """A benchmark record's "machine" entry: the device, cores, torch threads, versions, platform,
+    and the 1-minute load averages sampled during the run under `load_key`."""
+    import torch
+
+    return {"device": device, "cpu_cores": os.cpu_count(), "torch_threads": torch_threads, "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform(), load_key: load}
+
+
+def busy_machine(load: list[float]) -> bool:
+    """Whether a sampled load average exceeded the core count: other processes shared the CPU."""
+    return bool(load) and max(load) > (os.cpu_count() or 1)

@@ -29,7 +29,6 @@ import argparse
 import copy
 import json
 import os
-import platform
 import statistics
 import time
 from datetime import datetime, timezone
@@ -39,7 +38,7 @@ from typing import Callable
 import torch
 
 from lib._checks import require_int
-from lib.bench import BENCHMARKS, cpu_name
+from lib.bench import BENCHMARKS, busy_machine, cpu_name, machine_record
 
 __all__ = ["LESSONS", "lesson_cases", "run", "training_throughput"]
 
@@ -51,14 +50,14 @@ def _loss(model, idx, targets):
     return out[1] if isinstance(out, tuple) else out
 
 
-def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, repeats: int = 10, lr: float = 1e-3,
-                        dtype: torch.dtype | None = None) -> dict[str, dict]:
+def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, repeats: int = 10,
+                        lr: float = 1e-3) -> dict[str, dict]:
     """Seconds per training step and tokens per second for each model, timed side by side.
 
     models: {name: a model whose forward(idx, targets) returns (logits, loss)}; batches: a list of
     (idx (B, T), targets (B, T)) pairs, all models given the same ones in the same order. Each
-    model trains a deep copy (AdamW at `lr`, gradients clipped to norm 1, as lib.tasks.train_on_task),
-    in `dtype` if given (else the model's own). One warm-up step each, then `repeats` rounds, each
+    model trains a deep copy in its own dtype (AdamW at `lr`, gradients clipped to norm 1, as
+    lib.tasks.train_on_task). One warm-up step each, then `repeats` rounds, each
     round one step of every model in turn. Returns {name: {"median_seconds", "tokens_per_step",
     "tokens_per_second", "seconds"}}, tokens counted over the batch (B·T, padding included).
     """
@@ -73,10 +72,7 @@ def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, re
     require_int("repeats", repeats, minimum=1)
     steps: dict[str, Callable[[tuple], float]] = {}
     for name, model in models.items():
-        twin = copy.deepcopy(model)
-        if dtype is not None:
-            twin = twin.to(dtype)
-        twin.train()
+        twin = copy.deepcopy(model).train()
         params = [p for p in twin.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
 
@@ -123,8 +119,8 @@ def _task_batches(task, batch_size: int, count: int, seed: int):
     return [task(batch_size, g) for _ in range(count)]
 
 
-def lesson_cases(lesson: str, *, batches: int = 8, seed: int = 0) -> tuple[dict, list, torch.dtype]:
-    """(models, batches, dtype) of one lesson's training, as `training_throughput` takes them."""
+def lesson_cases(lesson: str, *, batches: int = 8, seed: int = 0) -> tuple[dict, list]:
+    """(models, batches) of one lesson's training, built in its dtype, as `training_throughput` takes them."""
     from lib.precision import default_dtype
 
     if lesson not in LESSONS:
@@ -137,7 +133,7 @@ def lesson_cases(lesson: str, *, batches: int = 8, seed: int = 0) -> tuple[dict,
         vocab_size, data = _char_batches(24, 64, batches, seed)
         with default_dtype(torch.float64):
             models = {"GPT": GPT(GPTConfig.tiny(vocab_size=vocab_size, n_layer=2, n_embd=96))}
-        return models, data, torch.float64
+        return models, data
     if lesson == "06":
         from lib.ssm import MambaConfig, MambaLM
         from lib.tasks import SelectiveCopying
@@ -145,21 +141,21 @@ def lesson_cases(lesson: str, *, batches: int = 8, seed: int = 0) -> tuple[dict,
         task = SelectiveCopying(n_data=3, n_blank=13, n_symbols=8)
         with default_dtype(torch.float64):
             models = {"Mamba": MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2))}
-        return models, _task_batches(task, 32, batches, seed), torch.float64
+        return models, _task_batches(task, 32, batches, seed)
     if lesson == "07":
         from lib.gpt import GPTConfig
         from lib.moe import moe_gpt
 
         vocab_size, data = _char_batches(16, 32, batches, seed)
         config = GPTConfig(vocab_size=vocab_size, block_size=32, n_layer=2, n_head=4, n_embd=64)
-        return {"MoE GPT": moe_gpt(config, 8, 2, 128)}, data, torch.float32
+        return {"MoE GPT": moe_gpt(config, 8, 2, 128)}, data
     from lib.compare import SETTINGS, MixedTask, build_models, recall_task
 
     setting = SETTINGS["default"]
     mix = MixedTask([recall_task(setting, p) for p in setting.recall_train_pairs])
     with default_dtype(torch.float64):
         models = build_models(setting, mix.vocab_size)
-    return models, _task_batches(mix, setting.batch_size, batches, seed), torch.float64
+    return models, _task_batches(mix, setting.batch_size, batches, seed)
 
 
 def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> dict:
@@ -175,10 +171,11 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
     rows = []
     try:
         for lesson in lessons:
-            models, batches, dtype = lesson_cases(lesson)
-            timed = training_throughput(models, batches, repeats=repeats, dtype=dtype)
+            models, batches = lesson_cases(lesson)
+            timed = training_throughput(models, batches, repeats=repeats)
             base = timed.get("GPT")
             for name, t in timed.items():
+                dtype = next(models[name].parameters()).dtype
                 rows.append({"lesson": lesson, "model": name, "dtype": str(dtype).replace("torch.", ""),
                              "parameters": sum(p.numel() for p in models[name].parameters()),
                              "batch_size": batches[0][0].shape[0],
@@ -200,10 +197,8 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
         "repeats": repeats,
         "results": rows,
         "scan_kernel": cpu_kernel_status(),
-        "machine": {"device": cpu_name(), "cpu_cores": os.cpu_count(), "torch_threads": threads or before,
-                    "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-                    "load_average_1min_at_start_and_after_each_lesson": load},
-        "busy_machine": bool(load) and max(load) > (os.cpu_count() or 1),
+        "machine": machine_record(cpu_name(), threads or before, load, "load_average_1min_at_start_and_after_each_lesson"),
+        "busy_machine": busy_machine(load),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "generated_by": "python -m lib.bench.training",
         "note": "generated file: rerun python -m lib.bench.training to update it, do not edit by hand. A load "

@@ -278,6 +278,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
+def _suffix(t: torch.Tensor) -> str:
+    """The C entry points' dtype suffix: f64 for float64 tensors, else f32."""
+    return "f64" if t.dtype == torch.float64 else "f32"
+
+
+def _pointers(*tensors) -> list:
+    """Data pointers for ctypes, None (NULL) where a tensor is absent."""
+    return [None if t is None else t.data_ptr() for t in tensors]
+
+
 def _threads_for(threads: int, units: int, work: int) -> int:
     return max(1, min(threads, units, work // MIN_WORK_PER_THREAD))
 
@@ -307,7 +317,6 @@ def _run(library, x, dt, A, B, C, h0, return_state: bool, threads: int, checkpoi
     """y (B, L, D), the final state (B, D, N) or None, and (with `checkpoints` = K) the states
     entering positions 0, K, 2K, ... (B, D, ceil(L/K), N), in x's dtype (fp32 or fp64; all inputs
     already of that dtype). Splits the B·D rows into `threads` contiguous ranges."""
-    suffix = "f64" if x.dtype == torch.float64 else "f32"
     x, dt, A, B, C = (t.contiguous() for t in (x, dt, A, B, C))
     h0 = None if h0 is None else h0.contiguous()
     b, l, d = x.shape
@@ -317,15 +326,15 @@ def _run(library, x, dt, A, B, C, h0, return_state: bool, threads: int, checkpoi
     k = checkpoints or l
     hc = torch.empty(b, d, -(-l // k), n, dtype=x.dtype) if checkpoints else None
     rows = b * d
-    pointers = [t.data_ptr() if t is not None else None for t in (x, dt, A, B, C, h0, y, hl, hc)]
-    _call(library, f"onemask_scan_{suffix}", pointers, (k, l, d, n), rows, _threads_for(threads, rows, rows * l * n))
+    _call(library, f"onemask_scan_{_suffix(x)}", _pointers(x, dt, A, B, C, h0, y, hl, hc), (k, l, d, n), rows,
+          _threads_for(threads, rows, rows * l * n))
     return y, hl, hc
 
 
 def _run_backward(library, x, dt, A, B, C, hc, k: int, gy, ghl, threads: int):
     """The gradients (x, Δ, A, B, C, h0) of the scan without the skip, from the forward's
-    checkpoints hc (kept every k positions) and the gradients of y (B, L, D) and of the final state (B, D, N, or None)."""
-    suffix = "f64" if x.dtype == torch.float64 else "f32"
+    checkpoints hc (kept every k positions) and the gradients of y (B, L, D) and of the final
+    state (B, D, N, or None)."""
     gy = gy.to(x.dtype).contiguous()
     ghl = None if ghl is None else ghl.to(x.dtype).contiguous()
     b, l, d = x.shape
@@ -334,10 +343,9 @@ def _run_backward(library, x, dt, A, B, C, hc, k: int, gy, ghl, threads: int):
     gx, gdt = torch.empty_like(x), torch.empty_like(x)
     gAp, gh0 = torch.empty(b, d, n, dtype=x.dtype), torch.empty(b, d, n, dtype=x.dtype)
     gBp, gCp = torch.empty(b, nblk, l, n, dtype=x.dtype), torch.empty(b, nblk, l, n, dtype=x.dtype)
-    pointers = [t.data_ptr() if t is not None else None
-                for t in (x, dt, A, B, C, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gh0)]
     units = b * nblk
-    _call(library, f"onemask_scan_bwd_{suffix}", pointers, (k, BACKWARD_BLOCK, l, d, n), units,
+    pointers = _pointers(x, dt, A, B, C, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gh0)
+    _call(library, f"onemask_scan_bwd_{_suffix(x)}", pointers, (k, BACKWARD_BLOCK, l, d, n), units,
           _threads_for(threads, units, 3 * b * d * l * n))
     return gx, gdt, gAp.sum(0), gBp.sum(1), gCp.sum(1), gh0
 
@@ -418,9 +426,8 @@ class _CpuConv(torch.autograd.Function):
         b, t, e = x.shape
         k = wt.shape[0]
         y = torch.empty_like(x)
-        suffix = "f64" if x.dtype == torch.float64 else "f32"
-        pointers = [None if v is None else v.data_ptr() for v in (x, state, wt, bias, y)]
-        _call(_library, f"onemask_conv_{suffix}", pointers, (t, e, k), b, _threads_for(threads, b, b * t * e * k))
+        _call(_library, f"onemask_conv_{_suffix(x)}", _pointers(x, state, wt, bias, y), (t, e, k), b,
+              _threads_for(threads, b, b * t * e * k))
         ctx.save_for_backward(x, wt, state)
         ctx.threads, ctx.has_bias = threads, bias is not None
         return y
@@ -434,9 +441,8 @@ class _CpuConv(torch.autograd.Function):
         gx = torch.empty_like(x)
         gstate = None if state is None else torch.zeros_like(state)
         gwp, gbp = torch.empty(b, k, e, dtype=x.dtype), torch.empty(b, e, dtype=x.dtype)
-        suffix = "f64" if x.dtype == torch.float64 else "f32"
-        pointers = [None if v is None else v.data_ptr() for v in (x, state, wt, gy, gx, gstate, gwp, gbp)]
-        _call(_library, f"onemask_conv_{suffix}_bwd", pointers, (t, e, k), b,
+        pointers = _pointers(x, state, wt, gy, gx, gstate, gwp, gbp)
+        _call(_library, f"onemask_conv_{_suffix(x)}_bwd", pointers, (t, e, k), b,
               _threads_for(ctx.threads, b, 2 * b * t * e * k))
         need = ctx.needs_input_grad
         return (gx if need[0] else None, gwp.sum(0) if need[1] else None,
