@@ -49,8 +49,10 @@ ENV_DIR = "ONEMASK_TRAINING_CACHE"
 ENV_MODE = "ONEMASK_TRAINING_CACHE_MODE"
 MODES = ("replay", "record")
 # Variables that change which kernels torch, MKL and oneDNN run, hence the last bits of a result.
+# ONEMASK_CPU_KERNEL and CC decide whether the Mamba layers train through the fused C loops or the
+# PyTorch fallbacks (lib.kernels.scan_cpu), which round differently
 _NUMERICS_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
-                 "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+                 "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEMASK_CPU_KERNEL", "CC")
 _LIB = Path(__file__).resolve().parent
 
 

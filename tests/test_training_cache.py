@@ -128,6 +128,16 @@ def test_a_run_that_differs_in_anything_has_another_key():
         assert run_key(train_gpt, args) != k2
 
 
+@pytest.mark.parametrize("variable, value", [("ATEN_CPU_CAPABILITY", "default"), ("ONEMASK_CPU_KERNEL", "0"),
+                                             ("CC", "clang")])
+def test_a_run_under_other_numerics_or_another_scan_kernel_has_another_key(variable, value, monkeypatch):
+    args = dict(model=tiny_gpt(), data=DATA, **KW)
+    monkeypatch.delenv(variable, raising=False)
+    key = run_key(train_gpt, args)
+    monkeypatch.setenv(variable, value)
+    assert run_key(train_gpt, args) != key
+
+
 def test_a_class_defined_in_a_notebook_is_keyed_by_its_code():
     """Two classes with the same name and the same weights but another forward must not share a run."""
     def make(body):
