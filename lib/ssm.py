@@ -25,6 +25,10 @@ The scans, equal up to rounding (tests/test_ssm.py asserts it, values and gradie
     "triton"             `lib.kernels.scan.selective_scan_triton`: one fused kernel, the state kept
                          on chip (compiled on a GPU, Triton's interpreter on a CPU; tests/test_scan_kernel.py)
 
+Every scan also takes the official `selective_scan_fn`'s extras, which the mixer passes: the raw
+step with `delta_bias` and `delta_softplus` (Δ = softplus(delta + delta_bias)) and the gate `z`
+(y ⊙ silu(z)); the C loop computes them inside its loops, the others around the scan.
+
 Every exponential is of Δ·A ≤ 0 or of a sum of such terms, so nothing overflows however large Δ
 or L: the decays lie in [0, 1] and the state can only forget.
 
@@ -57,6 +61,7 @@ import torch.nn.functional as F
 from lib._checks import require_int, require_rank, require_tensor, require_token_ids
 from lib.gpt import _check_targets
 from lib.kv_cache import dtype_bytes
+from lib.norms import RMSNorm
 from lib.sampling import _check_knobs, sample_next_token
 
 __all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "MixerCache", "SCANS", "SelectiveSSM",
@@ -66,8 +71,9 @@ __all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "
 
 
 # --------------------------------------------------------------------------- input checks
-def _check_scan_inputs(x, delta, A, B, C, D, h0) -> None:
-    """Shapes x, delta (B, L, D); A (D, N) < 0; B, C (B, L, N); D (D,); h0 (B, D, N); delta >= 0."""
+def _check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, delta_softplus=False) -> None:
+    """Shapes x, delta, z (B, L, D); A (D, N) < 0; B, C (B, L, N); D, delta_bias (D,); h0 (B, D, N);
+    delta (+ delta_bias) >= 0 unless delta_softplus."""
     for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C)):
         require_tensor(name, t, floating=True)
     require_rank("x", x, 3, "(B, L, D)")
@@ -84,6 +90,14 @@ def _check_scan_inputs(x, delta, A, B, C, D, h0) -> None:
     if h0 is not None:
         require_tensor("h0", h0, floating=True)
         wanted["h0"] = (h0, "(B, D, N)", (b, d, n), "(the state before position 0)")
+    if z is not None:
+        require_tensor("z", z, floating=True)
+        wanted["z"] = (z, "(B, L, D)", (b, l, d), "like x (the gate: y ⊙ silu(z))")
+    if delta_bias is not None:
+        require_tensor("delta_bias", delta_bias, floating=True)
+        wanted["delta_bias"] = (delta_bias, "(D,)", (d,), "(one bias per channel, added to delta)")
+    if not isinstance(delta_softplus, bool):
+        raise TypeError(f"delta_softplus must be a bool, got {type(delta_softplus).__name__}")
     for name, (t, layout, shape, note) in wanted.items():
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {layout} = {shape} {note}, got {tuple(t.shape)}")
@@ -97,9 +111,15 @@ def _check_scan_inputs(x, delta, A, B, C, D, h0) -> None:
         raise ValueError("A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; "
                          f"A >= 0 makes the state grow without bound (got max {A.max().item():.4g}). "
                          "Mamba stores A = -exp(A_log).")
-    if not bool(delta.min() >= 0):  # one reduction, no boolean copy; NaN fails too (min is NaN)
-        raise ValueError(f"delta must be >= 0: it is a step size Δ (Mamba makes it positive with softplus), "
-                         f"got min {delta.min().item():.4g}")
+    if delta_softplus:  # any real delta: softplus makes the step size positive; NaN still fails
+        if torch.isnan(delta.min()):
+            raise ValueError("delta must not be NaN")
+        return
+    step = delta if delta_bias is None else delta + delta_bias
+    if not bool(step.min() >= 0):  # one reduction, no boolean copy; NaN fails too (min is NaN)
+        raise ValueError(f"delta{' + delta_bias' if delta_bias is not None else ''} must be >= 0: it is a step "
+                         f"size Δ (Mamba makes it positive with softplus: pass delta_softplus=True), "
+                         f"got min {step.min().item():.4g}")
 
 
 def _work_dtype(*tensors) -> torch.dtype:
@@ -111,10 +131,20 @@ def _work_dtype(*tensors) -> torch.dtype:
     return dtype
 
 
-def _finish(y: torch.Tensor, x: torch.Tensor, D, h: torch.Tensor, return_state: bool, dtype: torch.dtype):
-    """Add the skip D ⊙ x (all in the working dtype), return y in `dtype` (x's), h as computed."""
+def _step_sizes(delta: torch.Tensor, delta_bias, delta_softplus: bool) -> torch.Tensor:
+    """Δ as the scan uses it: delta (+ delta_bias), through softplus if asked (in delta's dtype)."""
+    if delta_bias is not None:
+        delta = delta + delta_bias.to(delta.dtype)  # (B, L, D) + (D,)
+    return F.softplus(delta) if delta_softplus else delta
+
+
+def _finish(y: torch.Tensor, x: torch.Tensor, D, h: torch.Tensor, return_state: bool, dtype: torch.dtype, z=None):
+    """Add the skip D ⊙ x and apply the gate silu(z) (all in the working dtype), return y in
+    `dtype` (x's), h as computed."""
     if D is not None:
         y = y + x * D.to(y.dtype)  # (B, L, D) + (B, L, D) * (D,)
+    if z is not None:
+        y = y * F.silu(z.to(y.dtype))  # (B, L, D)
     y = y.to(dtype)
     return (y, h) if return_state else y
 
@@ -156,24 +186,31 @@ def scan_combine(left: tuple[torch.Tensor, torch.Tensor],
 
 # --------------------------------------------------------------------------- the scans
 def selective_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                       D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False):
+                       D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                       h0: torch.Tensor | None = None, return_state: bool = False):
     """The selective scan as its definition: one step per position, in fp32 (fp64 if given fp64).
 
     x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; h0 (B, D, N) or None
     (zeros) -> y (B, L, D) in x's dtype, and with `return_state` also h_L (B, D, N), the state
     after the last position (what recurrent decoding and the next chunk start from).
 
+    The official `selective_scan_fn`'s extras, which a Mamba mixer passes so that a fused kernel
+    can take them in: delta_bias (D,) is added to delta and delta_softplus=True makes the step size
+    Δ = softplus(delta + delta_bias); z (B, L, D) gates the output, y ⊙ silu(z), after the skip.
+
     Mirrors the official `selective_scan_ref`: Ā, B̄x precomputed, then h = Ā_t ⊙ h + B̄_t x_t,
     y_t = C_t · h. The loop takes slices with `unbind` and stacks the outputs once: writing into or
     indexing a growing tensor inside the loop would make autograd's backward quadratic in L.
     """
-    _check_scan_inputs(x, delta, A, B, C, D, h0)
-    return _scan_ref(x, delta, A, B, C, D, h0, return_state)
+    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    return _scan_ref(x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
 
 
-def _scan_ref(x, delta, A, B, C, D, h0, return_state):
-    wt = _work_dtype(x, delta, A, B, C, D, h0)
+def _scan_ref(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
+    wt = _work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
     x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    delta = _step_sizes(delta, delta_bias, delta_softplus)  # (B, L, D)
     b, l, d = x_.shape
     A_bar = (delta.unsqueeze(-1) * A).exp_()  # (B, L, D, 1) * (D, N) -> (B, L, D, N); in place: no second buffer
     Bx = (delta * x_).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, 1) * (B, L, 1, N) -> (B, L, D, N)
@@ -183,7 +220,7 @@ def _scan_ref(x, delta, A, B, C, D, h0, return_state):
         h = a_t * h + bx_t  # (B, D, N)
         ys.append((h * c_t.unsqueeze(1)).sum(-1))  # (B, D, N) · (B, 1, N) -> (B, D)
     y = torch.stack(ys, dim=1)  # L x (B, D) -> (B, L, D)
-    return _finish(y, x_, D, h, return_state, x.dtype)
+    return _finish(y, x_, D, h, return_state, x.dtype, z)
 
 
 def default_chunk_size(L: int) -> int:
@@ -200,7 +237,9 @@ def default_chunk_size(L: int) -> int:
 
 
 def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                   D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False,
+                   D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                   delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                   h0: torch.Tensor | None = None, return_state: bool = False,
                    chunk_size: int | None = None, impl: str = "auto"):
     """The selective scan without a Python step per position: the same result as
     `selective_scan_ref` (same arguments, same returns, up to rounding). Differentiable.
@@ -210,6 +249,8 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
                  any device, gradients by autograd;
       "cpu"      `lib.kernels.scan_cpu.selective_scan_cpu`, one fused loop in C that keeps the
                  state in cache, and a fused reverse-time loop for its gradients (CPU tensors);
+                 delta_bias, delta_softplus and the gate z are taken into the loops there, while
+                 the other scans apply them around the scan with PyTorch;
       "auto"     "cpu" when the tensors are on the CPU, no chunk_size is given and the C loop
                  compiled here with vector exponentials (`lib.kernels.scan_cpu.cpu_kernel_status()`
                  says how it was built, or why not); otherwise "chunked".
@@ -230,7 +271,8 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     work and memory of the scan itself (2 GB at L = 4096, Lc = 64 for the benchmark's sizes), and it
     measured slower than the plain loop on a CPU. The form above does the linear amount of work.
     """
-    _check_scan_inputs(x, delta, A, B, C, D, h0)
+    extras = dict(z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    _check_scan_inputs(x, delta, A, B, C, D, h0, **extras)
     if chunk_size is not None:
         require_int("chunk_size", chunk_size, minimum=1)
     if impl not in SCAN_IMPLS:
@@ -238,10 +280,10 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     if impl == "cpu":
         if chunk_size is not None:
             raise ValueError("chunk_size is for impl='chunked' (the fused CPU loop has no chunks); leave it None")
-        return _selective_scan_cpu(x, delta, A, B, C, D, h0=h0, return_state=return_state)
+        return _selective_scan_cpu(x, delta, A, B, C, D, h0=h0, return_state=return_state, **extras)
     if impl == "auto":
-        return _scan_auto(x, delta, A, B, C, D, h0, return_state, chunk_size)
-    return _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size)
+        return _scan_auto(x, delta, A, B, C, D, h0, return_state, chunk_size, **extras)
+    return _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size, **extras)
 
 
 SCAN_IMPLS = ("auto", "chunked", "cpu")
@@ -256,10 +298,10 @@ def _uses_cpu_kernel(tensors, chunk_size) -> bool:
     return cpu_kernel_available(fast=True)
 
 
-def _scan_auto(x, delta, A, B, C, D, h0, return_state, chunk_size=None):
-    if _uses_cpu_kernel((x, delta, A, B, C, D, h0), chunk_size):
-        return _scan_cpu(x, delta, A, B, C, D, h0, return_state)
-    return _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size)
+def _scan_auto(x, delta, A, B, C, D, h0, return_state, chunk_size=None, **extras):
+    if _uses_cpu_kernel((x, delta, A, B, C, D, h0, extras.get("z"), extras.get("delta_bias")), chunk_size):
+        return _scan_cpu(x, delta, A, B, C, D, h0, return_state, **extras)
+    return _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size, **extras)
 
 
 class _FusedScan(torch.autograd.Function):
@@ -295,9 +337,11 @@ class _FusedScan(torch.autograd.Function):
         return (None, *[next(got) if w else None for w in wants], None)
 
 
-def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None):
-    wt = _work_dtype(x, delta, A, B, C, D, h0)
+def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None, *, z=None, delta_bias=None,
+                  delta_softplus=False):
+    wt = _work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
     x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    delta = _step_sizes(delta, delta_bias, delta_softplus)  # (B, L, D)
     b, l, d = x_.shape
     n = A.shape[1]
     lc = min(chunk_size or default_chunk_size(l), l)
@@ -343,11 +387,13 @@ def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None):
         h = torch.addcmul(a[t] * h, Bs[t], us[t])  # (B, nc, N, D)
         ys.append(torch.matmul(c[t], h))  # (B, nc, 1, N) @ (B, nc, N, D) -> (B, nc, 1, D)
     y = torch.cat(ys, dim=2).view(b, nc * lc, d)[:, :l]  # Lc x (B, nc, 1, D) -> (B, nc, Lc, D) -> (B, L, D)
-    return _finish(y, x_, D, carry.transpose(1, 2).contiguous(), return_state, x.dtype)  # state (B, D, N)
+    return _finish(y, x_, D, carry.transpose(1, 2).contiguous(), return_state, x.dtype, z)  # state (B, D, N)
 
 
 def parallel_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                      D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False):
+                      D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                      delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                      h0: torch.Tensor | None = None, return_state: bool = False):
     """The selective scan by Hillis-Steele doubling (1986): log2(L) rounds of `scan_combine`, each
     over all positions at once. Same arguments and result as `selective_scan_ref`.
 
@@ -355,13 +401,15 @@ def parallel_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
     (1, 0) stand in before position 0). It does L·log2(L) combines instead of L, and every round
     writes new (B, L, D, N) tensors (autograd keeps them all): a teaching implementation.
     """
-    _check_scan_inputs(x, delta, A, B, C, D, h0)
-    return _scan_parallel(x, delta, A, B, C, D, h0, return_state)
+    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    return _scan_parallel(x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias,
+                          delta_softplus=delta_softplus)
 
 
-def _scan_parallel(x, delta, A, B, C, D, h0, return_state):
-    wt = _work_dtype(x, delta, A, B, C, D, h0)
+def _scan_parallel(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
+    wt = _work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
     x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    delta = _step_sizes(delta, delta_bias, delta_softplus)  # (B, L, D)
     l = x_.shape[1]
     a = torch.exp(delta.unsqueeze(-1) * A)  # (B, L, D, N)
     h = (delta * x_).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, N): becomes h_t once every step is folded in
@@ -374,7 +422,7 @@ def _scan_parallel(x, delta, A, B, C, D, h0, return_state):
         a, h = scan_combine((a_prev, h_prev), (a, h))
         k *= 2
     y = (h * C.unsqueeze(2)).sum(-1)  # (B, L, D, N) · (B, L, 1, N) -> (B, L, D)
-    return _finish(y, x_, D, h[:, -1], return_state, x.dtype)
+    return _finish(y, x_, D, h[:, -1], return_state, x.dtype, z)
 
 
 def _selective_scan_triton(*args, **kwargs):
@@ -383,8 +431,8 @@ def _selective_scan_triton(*args, **kwargs):
     return selective_scan_triton(*args, **kwargs)
 
 
-def _scan_triton(x, delta, A, B, C, D, h0, return_state):
-    return _selective_scan_triton(x, delta, A, B, C, D, h0=h0, return_state=return_state)
+def _scan_triton(x, delta, A, B, C, D, h0, return_state, **extras):
+    return _selective_scan_triton(x, delta, A, B, C, D, h0=h0, return_state=return_state, **extras)
 
 
 def _selective_scan_cpu(*args, **kwargs):
@@ -393,9 +441,9 @@ def _selective_scan_cpu(*args, **kwargs):
     return selective_scan_cpu(*args, **kwargs)
 
 
-def _scan_cpu(x, delta, A, B, C, D, h0, return_state):
+def _scan_cpu(x, delta, A, B, C, D, h0, return_state, **extras):
     from lib.kernels.scan_cpu import _scan  # the checked entry point's body, after this module's own checks
-    return _scan(x, delta, A, B, C, D, h0, return_state)
+    return _scan(x, delta, A, B, C, D, h0, return_state, **extras)
 
 
 def _chunked_scan(*args, **kwargs):
@@ -458,8 +506,14 @@ def ssm_convolution(x: torch.Tensor, K: torch.Tensor, D: torch.Tensor | None = N
 
 
 # --------------------------------------------------------------------------- the mixer's convolution
-def _check_conv_inputs(x, weight, bias, state) -> None:
-    """x (B, T, E); weight (E, 1, K) or (E, K); bias (E,) or None; state (B, E, K − 1) or None."""
+CONV_ACTIVATIONS = (None, "silu")
+
+
+def _check_conv_inputs(x, weight, bias, state, activation=None) -> None:
+    """x (B, T, E); weight (E, 1, K) or (E, K); bias (E,) or None; state (B, E, K − 1) or None;
+    activation None or "silu"."""
+    if activation not in CONV_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {CONV_ACTIVATIONS}, got {activation!r}")
     require_tensor("x", x, floating=True)
     require_rank("x", x, 3, "(B, T, E)")
     b, t, e = x.shape
@@ -484,40 +538,42 @@ def _check_conv_inputs(x, weight, bias, state) -> None:
 
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      state: torch.Tensor | None = None) -> torch.Tensor:
+                      state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
     """The Mamba mixer's causal depthwise convolution by PyTorch's grouped conv1d, as the official
     code runs it: x (B, T, E), weight (E, 1, K) or (E, K), bias (E,) or None, state (B, E, K − 1)
-    (the inputs before x; None: zeros) -> y (B, T, E), position t seeing t − K + 1 .. t."""
-    _check_conv_inputs(x, weight, bias, state)
-    return _conv_ref(x, weight, bias, state)
+    (the inputs before x; None: zeros) -> y (B, T, E), position t seeing t − K + 1 .. t; with
+    activation="silu" (the official causal_conv1d_fn's), SiLU(y), as the mixer uses it."""
+    _check_conv_inputs(x, weight, bias, state, activation)
+    return _conv_ref(x, weight, bias, state, activation)
 
 
-def _conv_ref(x, weight, bias, state):
+def _conv_ref(x, weight, bias, state, activation=None):
     b, t, e = x.shape
     k = weight.shape[-1]
     xs = x.transpose(1, 2)  # (B, E, T)
     window = torch.cat([xs.new_zeros(b, e, k - 1) if state is None else state.to(xs.dtype), xs], dim=-1)
     y = F.conv1d(window, weight.reshape(e, 1, k).to(xs.dtype), None if bias is None else bias.to(xs.dtype), groups=e)
-    return y.transpose(1, 2)  # (B, E, T) -> (B, T, E)
+    y = y.transpose(1, 2)  # (B, E, T) -> (B, T, E)
+    return F.silu(y) if activation == "silu" else y
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  state: torch.Tensor | None = None) -> torch.Tensor:
+                  state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
     """`causal_conv1d_ref`'s result (up to rounding), by the C loop of `lib.kernels.scan_cpu` for
     CPU tensors in fp32 or fp64 where it compiled (PyTorch's grouped conv1d spends milliseconds
     on each of this course's small inputs, mostly in its backward), else by the reference."""
-    _check_conv_inputs(x, weight, bias, state)
-    return _conv_auto(x, weight, bias, state)
+    _check_conv_inputs(x, weight, bias, state, activation)
+    return _conv_auto(x, weight, bias, state, activation)
 
 
-def _conv_auto(x, weight, bias, state):
+def _conv_auto(x, weight, bias, state, activation=None):
     tensors = (x, weight, bias, state)
     if x.device.type == "cpu" and _work_dtype(*tensors) in (torch.float32, torch.float64) \
             and all(t is None or t.dtype == x.dtype for t in tensors):
         from lib.kernels.scan_cpu import _conv, cpu_kernel_available
         if cpu_kernel_available():
-            return _conv(x, weight, bias, state)
-    return _conv_ref(x, weight, bias, state)
+            return _conv(x, weight, bias, state, activation)
+    return _conv_ref(x, weight, bias, state, activation)
 
 
 # --------------------------------------------------------------------------- the model
@@ -608,10 +664,13 @@ class SelectiveSSM(nn.Module):
             self.B = nn.Parameter(torch.ones(n))
             self.C = nn.Parameter(torch.randn(n) * n ** -0.5)
 
+    def _A(self) -> torch.Tensor:
+        return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (D, N), never half
+
     def ssm_params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Δ (B, L, D), A (D, N), B (B, L, N), C (B, L, N) for inputs x (B, L, D)."""
         b, l, d = x.shape
-        A = -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (D, N), never half
+        A = self._A()
         if not self.selective:
             delta = F.softplus(self.dt_bias).expand(b, l, d)  # (D,) -> (B, L, D), the same at every step
             return delta, A, self.B.expand(b, l, -1), self.C.expand(b, l, -1)  # (N,) -> (B, L, N)
@@ -619,12 +678,22 @@ class SelectiveSSM(nn.Module):
         delta = F.softplus(self.dt_proj(dt))  # (B, L, R) -> (B, L, D), > 0
         return delta, A, B, C
 
-    def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, L, D), h0 (B, D, N) or None -> y (B, L, D), h_L (B, D, N)."""
+    def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None,
+                z: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, L, D), h0 (B, D, N) or None, z (B, L, D) or None -> y (B, L, D), gated by silu(z)
+        when z is given, and h_L (B, D, N).
+
+        The selective SSM hands the scan Δ before its bias and softplus, and the mixer's gate z, as
+        the official mixer calls selective_scan_fn: a fused scan takes them into its loops (the C
+        loop does), the others apply them around the scan."""
+        kw = {"chunk_size": self.chunk_size} if self.scan in ("auto", "chunked") else {}  # with it, "auto" is chunked
+        if self.selective:
+            dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)  # (B, L, R), 2 x (B, L, N)
+            dt = F.linear(dt, self.dt_proj.weight)  # (B, L, R) -> (B, L, D): Δ before its bias and softplus
+            return _SCANS_UNCHECKED[self.scan](x, dt, self._A(), B, C, self.D, h0, True, z=z,
+                                               delta_bias=self.dt_proj.bias, delta_softplus=True, **kw)
         delta, A, B, C = self.ssm_params(x)
-        if self.scan in ("auto", "chunked"):  # chunk_size applies to these two (with it, "auto" is chunked)
-            return _SCANS_UNCHECKED[self.scan](x, delta, A, B, C, self.D, h0, True, self.chunk_size)
-        return _SCANS_UNCHECKED[self.scan](x, delta, A, B, C, self.D, h0, True)
+        return _SCANS_UNCHECKED[self.scan](x, delta, A, B, C, self.D, h0, True, z=z, **kw)
 
     def step(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One position: x (B, D), h (B, D, N) -> y (B, D), the next h (B, D, N)."""
@@ -655,7 +724,7 @@ class MambaState:
 
 def _make_norm(config: MambaConfig) -> nn.Module:
     if config.norm == "rms":
-        return nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        return RMSNorm(config.d_model, eps=config.norm_eps)  # nn.RMSNorm, by a fused loop on a CPU
     return nn.LayerNorm(config.d_model, eps=config.norm_eps)
 
 
@@ -702,9 +771,9 @@ class MambaMixer(nn.Module):
         xs, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, 2E) -> 2 x (B, T, E)
         conv_state = None if state is None else state[0].to(xs.dtype)  # (B, E, K − 1): the inputs before x
         # the depthwise conv over (conv_state, xs): position t sees t−K+1..t (a C loop on a CPU: causal_conv1d)
-        xc = _conv_auto(xs, self.conv1d.weight, self.conv1d.bias, conv_state)  # (B, T, E)
-        y, h = self.ssm(F.silu(xc), None if state is None else state[1])  # (B, T, E), (B, E, N)
-        y = y * F.silu(z)  # the gate
+        # then SiLU; the scan applies the gate y ⊙ silu(z) (both fused into C loops on a CPU)
+        xc = _conv_auto(xs, self.conv1d.weight, self.conv1d.bias, conv_state, "silu")  # (B, T, E)
+        y, h = self.ssm(xc, None if state is None else state[1], z=z)  # (B, T, E), (B, E, N)
         if T >= K - 1:  # the conv's next state: the last K − 1 inputs
             last = xs[:, T - (K - 1):].transpose(1, 2)  # (B, E, K − 1)
         else:
@@ -899,7 +968,8 @@ def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str,
         raise ValueError(f"layer must be < n_layers = {len(model.layers)}, got {layer}")
     ssm = model.layers[layer].mixer.ssm
     seen = {}
-    hook = ssm.register_forward_hook(lambda mod, args, out: seen.update(x=args[0], y=out[0]))
+    hook = ssm.register_forward_hook(lambda mod, args, kwargs, out: seen.update(x=args[0], z=kwargs.get("z"), y=out[0]),
+                                     with_kwargs=True)
     try:
         was_training = model.training
         model.eval()
@@ -917,6 +987,8 @@ def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str,
         states.append(h)
     states = torch.stack(states, dim=1)  # (B, T, D, N)
     y = (states * C.unsqueeze(2)).sum(-1) + ssm.D * x  # (B, T, D)
+    if seen["z"] is not None:
+        y = y * F.silu(seen["z"].to(work))  # the mixer's gate, which the layer's scan applied
     # fp32: the layer's scan (chunked or not) and this step-by-step loop differ by rounding only
     if not torch.allclose(y, seen["y"].to(work), rtol=1e-4, atol=1e-5):
         raise RuntimeError("the recomputed states do not reproduce the layer's output")

@@ -77,8 +77,8 @@ def test_result_does_not_depend_on_the_threads():
                                                flags))
     assert not hasattr(library, "onemask_scan_f32_omp")
     for t in (1, 2, 5):
-        y, _, _ = scan_cpu._run(library, x, dl, A, B, C, None, False, t)
-        assert torch.equal(y + x * D, ys[0])
+        y = scan_cpu._run(library, x, dl, A, B, C, D, torch.zeros_like(D), None, False, None, False, t)[0]
+        assert torch.equal(y, ys[0])
 
 
 @needs_kernel
@@ -221,6 +221,99 @@ def test_fused_backward_passes_gradcheck_and_reads_either_output(monkeypatch):
     assert [t.grad is not None for t in only] == [False, True, False, True, False, False, False]
 
 
+# --------------------------------------------------------------------------- the mixer's extras in the loops
+EXTRA_NAMES = ("x", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")
+
+
+def _extras_inputs(b, L, d, n, *, seed, softplus=True, dtype=torch.float64):
+    """scan_inputs plus a gate z and a bias per channel; under softplus, delta is the raw Δ before
+    it: both signs, and every 7th entry above softplus's threshold of 20 (where Δ is delta itself)."""
+    x, dl, A, B, C, D, h0 = scan_inputs(b, L, d, n, seed=seed, dtype=dtype)
+    g = torch.Generator().manual_seed(seed + 1000)
+    if softplus:
+        dl = torch.randn(b, L, d, generator=g, dtype=dtype) * 3 - 2
+        dl.view(-1)[::7] = 21.0
+    bias = torch.randn(d, generator=g, dtype=dtype) if softplus else torch.rand(d, generator=g, dtype=dtype) * 0.1
+    z = torch.randn(b, L, d, generator=g, dtype=dtype) * 3
+    return x, dl, A, B, C, D, z, bias, h0
+
+
+def _extras_grads(fn, inputs, *, gate, bias, softplus, dtype=None, **kw):
+    """y, the final state and every input's gradient (None where an input is not used)."""
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in inputs]
+    x, dl, A, B, C, D, z, delta_bias, h0 = leaves
+    y, h = fn(x, dl, A, B, C, D, z=z if gate else None, delta_bias=delta_bias if bias else None,
+              delta_softplus=softplus, h0=h0, return_state=True, **kw)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(y.dtype)
+    ((y * w).sum() + (h * h).sum()).backward()
+    return [y.detach(), h.detach()] + [t.grad for t in leaves]
+
+
+@needs_kernel
+@pytest.mark.parametrize("gate, bias, softplus", [(True, True, True), (True, False, False), (False, True, True),
+                                                  (False, True, False), (True, False, True)])
+@pytest.mark.parametrize("b, L, d, n", [(2, 1, 3, 4), (2, 21, 17, 5), (3, 70, 37, 16), (1, 9, 70, 16)])
+def test_the_loop_takes_in_the_softplus_the_skip_and_the_gate(b, L, d, n, gate, bias, softplus, monkeypatch):
+    """The official selective_scan_fn's extras, fused: Δ = softplus(delta + delta_bias) (or without
+    softplus), the skip, the gate y ⊙ silu(z). fp64, against the reference applying them with PyTorch
+    around its per-step loop: the output, the final state and all nine gradients to 1e-10 (delta
+    both below and above softplus's threshold; channels across forward blocks of 64 and backward
+    blocks of 16; segments of 8); the same bits on 1 and 3 threads."""
+    monkeypatch.setattr(scan_cpu, "CHECKPOINT_EVERY", 8)
+    inputs = _extras_inputs(b, L, d, n, seed=b + L + d + n, softplus=softplus)
+    flags = dict(gate=gate, bias=bias, softplus=softplus)
+    got = _extras_grads(selective_scan_cpu, inputs, threads=1, **flags)
+    want = _extras_grads(selective_scan_ref, inputs, **flags)
+    for name, g, w in zip(("y", "state") + EXTRA_NAMES, got, want):
+        if w is None:  # an extra left out: no gradient
+            assert g is None and name in ("z", "delta_bias"), name
+            continue
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda m: f"{name}: {m}")
+    again = _extras_grads(selective_scan_cpu, inputs, threads=3, **flags)
+    assert all((g is None and a is None) or torch.equal(g, a) for g, a in zip(got, again))
+
+
+@needs_kernel
+def test_the_fused_extras_pass_gradcheck_and_fp32_stays_within_budget():
+    inputs = [t.requires_grad_() for t in _extras_inputs(2, 11, 18, 3, seed=50)]
+    assert torch.autograd.gradcheck(
+        lambda x, dl, A, B, C, D, z, bias, h0: selective_scan_cpu(x, dl, A, B, C, D, z=z, delta_bias=bias,
+                                                                  delta_softplus=True, h0=h0, return_state=True),
+        inputs)
+    inputs = _extras_inputs(2, 500, 40, 16, seed=51, dtype=torch.float32)
+    flags = dict(gate=True, bias=True, softplus=True)
+    for name, g, w in zip(("y", "state") + EXTRA_NAMES, _extras_grads(selective_scan_cpu, inputs, **flags),
+                          _extras_grads(selective_scan_ref, inputs, dtype=torch.float64, **flags)):
+        assert g.dtype == torch.float32 and torch.isfinite(g).all()
+        torch.testing.assert_close(g.double(), w, rtol=GRAD_RTOL32, atol=GRAD_RTOL32 * w.abs().max().item(),
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@needs_kernel
+def test_a_tiny_step_keeps_its_relative_precision():
+    """softplus of a very negative delta is tiny (about e^delta); the loop's log1p, made from a vector
+    log, keeps its low bits (Goldberg's correction), so y, proportional to Δ here (no state, no skip),
+    matches the reference's torch.softplus relatively, to 1e-12 (plain log(1 + w) is off by 1e-5)."""
+    x, _, A, B, C, _, _ = scan_inputs(1, 6, 9, 4, seed=53, dtype=torch.float64)
+    raw = torch.linspace(-30, -20, 54, dtype=torch.float64).view(1, 6, 9)
+    torch.testing.assert_close(selective_scan_cpu(x, raw, A, B, C, delta_softplus=True),
+                               selective_scan_ref(x, raw, A, B, C, delta_softplus=True), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("impl", ["chunked", "parallel", "auto"])
+def test_every_scan_applies_the_extras_as_the_reference_does(impl):
+    """The scans without them in their loops apply delta_bias, softplus and the gate around the scan:
+    the same output and gradients as the reference."""
+    from lib.ssm import parallel_scan_ref
+
+    fn = parallel_scan_ref if impl == "parallel" else lambda *a, **k: selective_scan(*a, impl=impl, **k)
+    inputs = _extras_inputs(2, 13, 6, 4, seed=52)
+    flags = dict(gate=True, bias=True, softplus=True)
+    for name, g, w in zip(("y", "state") + EXTRA_NAMES, _extras_grads(fn, inputs, **flags),
+                          _extras_grads(selective_scan_ref, inputs, **flags)):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda m: f"{name}: {m}")
+
+
 @needs_kernel
 def test_fused_backward_keeps_one_state_per_segment_not_every_state():
     """What autograd keeps for the backward: the inputs and a checkpoint every K positions; never a
@@ -340,9 +433,11 @@ def _conv_inputs(b, t, e, k, *, seed, dtype=torch.float64, bias=True, state=True
 @needs_kernel
 @pytest.mark.parametrize("b, t, e, k", [(1, 1, 1, 1), (2, 1, 5, 4), (2, 2, 3, 4), (3, 25, 130, 4), (2, 9, 8, 7)])
 @pytest.mark.parametrize("bias, state", [(True, True), (False, False), (True, False)])
-def test_conv_loop_is_the_grouped_conv1d_with_its_gradients(b, t, e, k, bias, state):
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_conv_loop_is_the_grouped_conv1d_with_its_gradients(b, t, e, k, bias, state, activation):
     """fp64: the loop's output and the gradients of x, weight, bias and the carried inputs equal
-    PyTorch's grouped conv1d's to 1e-12; T = 1, T shorter than the K − 1 carried inputs, K = 1."""
+    PyTorch's grouped conv1d's (then its SiLU, with activation="silu") to 1e-12; T = 1, T shorter
+    than the K − 1 carried inputs, K = 1."""
     inputs = _conv_inputs(b, t, e, k, seed=b + t + e + k, bias=bias, state=state)
     w_out = torch.randn(b, t, e, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
 
@@ -352,7 +447,8 @@ def test_conv_loop_is_the_grouped_conv1d_with_its_gradients(b, t, e, k, bias, st
         (y * w_out).sum().backward()
         return [y] + [None if v is None else v.grad for v in leaves]
 
-    for name, got, want in zip(("y", "x", "weight", "bias", "state"), run(causal_conv1d_cpu), run(causal_conv1d_ref)):
+    got, want = run(lambda *a: causal_conv1d_cpu(*a, activation=activation)), run(lambda *a: causal_conv1d_ref(*a, activation))
+    for name, got, want in zip(("y", "x", "weight", "bias", "state"), got, want):
         if want is None:
             assert got is None
             continue
@@ -375,3 +471,7 @@ def test_conv_loop_in_fp32_threads_and_bad_inputs():
         causal_conv1d_cpu(x[0], w, bias)
     with pytest.raises(TypeError, match="x must have a floating dtype"):
         causal_conv1d_cpu(x.long(), w, bias)
+    with pytest.raises(ValueError, match=r"activation must be one of \(None, 'silu'\), got 'relu'"):
+        causal_conv1d(x, w, bias, activation="relu")
+    y = causal_conv1d_cpu(x, w, bias, state, activation="silu")  # fp32, fused SiLU
+    assert_close32(y, causal_conv1d_ref(x, w, bias, state, "silu"))

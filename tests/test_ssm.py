@@ -364,6 +364,14 @@ def _bad_scan_cases():
         ("B integer", dict(ok, B=B.long()), TypeError, r"B must have a floating dtype"),
         ("C not a tensor", dict(ok, C=C.tolist()), TypeError, r"C must be a torch.Tensor"),
         ("empty", dict(ok, x=x[:, :0], delta=delta[:, :0], B=B[:, :0], C=C[:, :0]), ValueError, r"every size >= 1"),
+        ("z shape", dict(ok, z=x[:, :5]), ValueError, r"z must have shape \(B, L, D\) = \(2, 6, 3\) like x"),
+        ("z integer", dict(ok, z=x.long()), TypeError, r"z must have a floating dtype"),
+        ("delta_bias shape", dict(ok, delta_bias=D[:2]), ValueError, r"delta_bias must have shape \(D,\) = \(3,\)"),
+        ("delta_softplus not a bool", dict(ok, delta_softplus=1), TypeError, r"delta_softplus must be a bool"),
+        ("delta NaN under softplus", dict(ok, delta=delta.clone().fill_(float("nan")), delta_softplus=True),
+         ValueError, r"delta must not be NaN"),
+        ("delta + bias negative", dict(ok, delta_bias=-torch.ones(3)), ValueError,
+         r"delta \+ delta_bias must be >= 0.*delta_softplus=True"),
     ]
 
 

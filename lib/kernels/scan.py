@@ -14,7 +14,9 @@ The work is sequential in time and parallel over batch and channels: B · D / BL
 does not, which is enough to remove the memory traffic but leaves short-and-narrow inputs with few
 programs.) Everything is computed in fp32.
 
-    selective_scan_triton   same arguments and returns as lib.ssm.selective_scan (no chunk_size)
+    selective_scan_triton   same arguments and returns as lib.ssm.selective_scan (no chunk_size); the
+                            kernel scans, and the extras of a Mamba mixer (delta_bias and softplus
+                            before, the gate z after) are applied around it in PyTorch
 
 Differentiable: the backward is not a kernel. It recomputes the forward with the chunked PyTorch
 scan under autograd and returns its gradients (`lib.ssm._FusedScan`), so gradients equal the
@@ -29,6 +31,7 @@ checks correctness, not speed.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from lib.kernels.flash import require_kernel_device, tl, triton
 
@@ -107,25 +110,35 @@ def _launch(x, delta, A, B, C, D, h0, return_state: bool):
 
 
 def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                          D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None,
-                          return_state: bool = False):
+                          D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                          delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                          h0: torch.Tensor | None = None, return_state: bool = False):
     """The selective scan by one fused Triton kernel: the same arguments and result as
     `lib.ssm.selective_scan_ref` (up to fp32 rounding), differentiable.
 
-    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; h0 (B, D, N) or None
-    -> y (B, L, D) in x's dtype, and with `return_state` also the final state (B, D, N) in fp32.
+    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; z, delta_bias and
+    delta_softplus as lib.ssm.selective_scan_ref; h0 (B, D, N) or None -> y (B, L, D) in x's dtype,
+    and with `return_state` also the final state (B, D, N) in fp32.
     Computes in fp32: float16/bfloat16 inputs are read as fp32; float64 inputs are refused (use
     `lib.ssm.selective_scan`, which computes in fp64 when given fp64). On CUDA tensors the kernel
     is compiled; on CPU tensors it runs in Triton's interpreter (TRITON_INTERPRET=1).
     """
-    from lib.ssm import _FusedScan, _check_scan_inputs  # lib.ssm imports this module lazily; no cycle at import
+    from lib.ssm import _FusedScan, _check_scan_inputs, _step_sizes  # lib.ssm imports this module lazily
 
-    _check_scan_inputs(x, delta, A, B, C, D, h0)
+    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     if not isinstance(return_state, bool):
         raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
-    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("h0", h0)):
+    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("h0", h0), ("z", z),
+                    ("delta_bias", delta_bias)):
         if t is not None and t.dtype == torch.float64:
             raise TypeError(f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
                             "use lib.ssm.selective_scan, which computes in fp64 when given fp64")
     require_kernel_device(x.device, "selective_scan_triton", "lib.ssm.selective_scan")
-    return _FusedScan.apply(_launch, x, delta, A, B, C, D, h0, return_state)
+    if delta_bias is not None or delta_softplus:
+        delta = _step_sizes(delta.float(), delta_bias, delta_softplus)
+    out = _FusedScan.apply(_launch, x, delta, A, B, C, D, h0, return_state)
+    if z is None:
+        return out
+    y, h = out if return_state else (out, None)
+    y = (y.float() * F.silu(z.float())).to(x.dtype)  # the gate, in fp32 like the kernel
+    return (y, h) if return_state else y

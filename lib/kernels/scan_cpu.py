@@ -1,4 +1,6 @@
 """The selective scan as one fused loop in C, for the CPU (lesson 06): the state stays in cache.
+Beside it, the rest of a Mamba layer that costs more in PyTorch than it should: the mixer's
+convolution and RMSNorm.
 
 The chunked PyTorch scan (`lib.ssm.selective_scan` with impl="chunked") removes the reference's
 Python step per position, but each of its tensor operations still reads and writes a slice of the
@@ -13,6 +15,13 @@ the N state entries is vectorised, exponentials included:
         h[d, n] = exp(Δ[t, d] · A[d, n]) · h[d, n] + Δ[t, d] · x[t, d] · B[t, n]
         y[t, d] += C[t, n] · h[d, n]
 
+A Mamba mixer hands the scan more than Δ: the raw step before its bias and softplus, the skip D
+and the gate z, as the official `selective_scan_fn(u, delta, A, B, C, D, z, delta_bias,
+delta_softplus)` takes them. The loop applies them too (Δ = softplus(delta + bias) as it reads a
+position, (y + D ⊙ x) ⊙ silu(z) as it writes one), which removes a dozen small PyTorch operations
+over (B, L, D) per layer and their backward passes: in a training step of lesson 08's Mamba they
+cost more than the scan's own forward.
+
 Threads split the (sequence, channel) rows between them (`threads`, default torch's thread count),
 and each row's result is the same whatever the split, bit for bit.
 
@@ -20,21 +29,24 @@ Building: on first use the C file is compiled with the machine's C compiler (`$C
 or clang) into a shared library cached under ~/.cache/onemask (or $ONEMASK_CACHE), keyed by the
 source, the compiler and the flags, then loaded with ctypes and checked against a few steps of the
 recurrence computed here in Python. That takes about half a second once per machine. With gcc on
-x86-64 Linux and an AVX2 CPU it uses glibc's vector exponentials (libmvec); elsewhere the same
-loop with scalar exp. Where no compiler works (or ONEMASK_CPU_KERNEL=0 is set), nothing fails:
+x86-64 Linux and an AVX2 CPU it uses glibc's vector exp and log (libmvec); elsewhere the same
+loops with scalar calls. Where no compiler works (or ONEMASK_CPU_KERNEL=0 is set), nothing fails:
 `cpu_kernel_status()` says why, and `lib.ssm.selective_scan` uses its chunked scan instead.
 
     selective_scan_cpu   same arguments and returns as lib.ssm.selective_scan_ref, plus `threads`
     causal_conv1d_cpu    the mixer's causal depthwise convolution (lib.ssm.causal_conv1d_ref), as a
-                         loop with its backward: PyTorch's grouped conv1d costs milliseconds per
-                         call at this course's sizes, most of it in the backward
+                         loop with its backward, with the SiLU after it optionally fused: PyTorch's
+                         grouped conv1d costs milliseconds per call at this course's sizes, most of
+                         it in the backward
+    _rms_norm            RMSNorm over the last axis, forward and backward, for lib.norms.rms_norm
     cpu_kernel_status    "compiled ..." or "unavailable: <why>"; builds on first call
 
 Differentiable by its own fused backward, in the same C file: when a gradient will be needed the
 forward also keeps the state entering every K-th position (K = CHECKPOINT_EVERY), and the backward
 recomputes each segment of K states from its checkpoint into a buffer that stays in cache, then
-walks it backwards in time, accumulating the gradients of x, Δ, A, B, C and the initial state (the
-official kernel's recomputation, Mamba §3.3.2). No (B, L, D, N) tensor is stored for autograd:
+walks it backwards in time, accumulating the gradients of x, Δ (and through softplus the raw
+delta and its bias), A, B, C, the skip D, the gate z and the initial state (the official kernel's
+recomputation, Mamba §3.3.2). No (B, L, D, N) tensor is stored for autograd:
 the memory kept is B·D·N·L/K numbers. Computes in fp32, or fp64 when given fp64 (half inputs are
 read as fp32, like the other scans).
 """
@@ -158,42 +170,51 @@ def _torch_uses_gomp() -> bool:
     return "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
 
 
+# The C entry points: name -> (how many pointers, the sizes' C types). Each has a range form
+# `name(pointers, sizes, begin, end)` and, built with OpenMP, `name_omp(pointers, sizes, total, threads)`.
+_I64, _F64 = ctypes.c_int64, ctypes.c_double
+_ENTRY_POINTS = {"scan": (13, (_I64,) * 5), "scan_bwd": (20, (_I64,) * 6), "conv": (6, (_I64,) * 4),
+                 "conv_bwd": (9, (_I64,) * 3), "rms": (4, (_F64, _I64)), "rms_bwd": (6, (_I64,) * 2)}
+
+
 def _load(path: Path):
     library = ctypes.CDLL(str(path))  # ctypes.CDLL releases the GIL during calls: threads run in parallel
-    for name in ("onemask_scan_f32", "onemask_scan_f64", "onemask_scan_bwd_f32", "onemask_scan_bwd_f64"):
-        for fn_name in (name, name + "_omp"):
-            if fn_name.endswith("_omp") and not hasattr(library, fn_name):
-                continue  # built without OpenMP
-            fn = getattr(library, fn_name)
-            fn.restype = ctypes.c_int
-            pointers = 9 if "bwd" not in name else 14
-            fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * (6 if "bwd" not in name else 7)
-    for suffix in ("f32", "f64"):
-        fwd, bwd = getattr(library, f"onemask_conv_{suffix}"), getattr(library, f"onemask_conv_{suffix}_bwd")
-        fwd.restype = bwd.restype = ctypes.c_int
-        fwd.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
-        bwd.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 5
+    for kernel, (pointers, sizes) in _ENTRY_POINTS.items():
+        for suffix in ("f32", "f64"):
+            name = f"onemask_{kernel}_{suffix}"
+            for fn_name in (name, name + "_omp"):
+                if fn_name.endswith("_omp") and not hasattr(library, fn_name):
+                    continue  # built without OpenMP
+                fn = getattr(library, fn_name)
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p] * pointers + list(sizes) + [_I64, _I64]
     return library
 
 
 def _self_check(library) -> str | None:
-    """A few steps of the recurrence in plain Python against the library, in both dtypes: None if
-    they agree, else what went wrong (a miscompiled vector exp would show here)."""
+    """A few steps of the recurrence in plain Python against the library, in both dtypes, with the
+    softplus, skip and gate taken in: None if they agree, else what went wrong (a miscompiled vector
+    exp or log would show here; 19 channels run the vector loops over channels and their remainder)."""
     import math
 
-    b, l, d, n = 2, 5, 3, 5  # N = 5: not a multiple of the vector width
+    b, l, d, n = 2, 5, 19, 5  # N = 5: not a multiple of the vector width
     g = torch.Generator().manual_seed(0)
-    x, dt = torch.randn(b, l, d, generator=g), torch.rand(b, l, d, generator=g)
+    x, dt, z = (torch.randn(b, l, d, generator=g) * 3 for _ in range(3))  # softplus and SiLU on both sides of 0
     A, B, C = -torch.rand(d, n, generator=g) - 0.1, torch.randn(b, l, n, generator=g), torch.randn(b, l, n, generator=g)
+    D, bias = torch.randn(d, generator=g), torch.randn(d, generator=g)
     for dtype in (torch.float32, torch.float64):
-        got = _run(library, *(t.to(dtype) for t in (x, dt, A, B, C)), None, False, 2)[0]
+        got = _run(library, *(t.to(dtype) for t in (x, dt, A, B, C, D, bias, z)), True, None, False, 2)[0]
         for bi in range(b):
             for di in range(d):
                 h = [0.0] * n
                 for t in range(l):
-                    h = [math.exp(dt[bi, t, di].item() * A[di, k].item()) * h[k] + dt[bi, t, di].item()
-                         * x[bi, t, di].item() * B[bi, t, k].item() for k in range(n)]
-                    want = sum(C[bi, t, k].item() * h[k] for k in range(n))
+                    v = dt[bi, t, di].item() + bias[di].item()
+                    delta = v if v > 20 else math.log1p(math.exp(v))
+                    h = [math.exp(delta * A[di, k].item()) * h[k] + delta * x[bi, t, di].item() * B[bi, t, k].item()
+                         for k in range(n)]
+                    zv = z[bi, t, di].item()
+                    want = (sum(C[bi, t, k].item() * h[k] for k in range(n)) + D[di].item() * x[bi, t, di].item()) \
+                        * zv / (1 + math.exp(-zv))
                     if not abs(got[bi, t, di].item() - want) <= 1e-5 * (1 + abs(want)):
                         return (f"self-check failed ({dtype}): y[{bi}, {t}, {di}] = {got[bi, t, di].item()!r}, "
                                 f"the recurrence gives {want!r}")
@@ -295,16 +316,18 @@ def _threads_for(threads: int, units: int, work: int) -> int:
 def _call(library, name: str, pointers: list, sizes: tuple, units: int, threads: int) -> None:
     """Run `name` over units 0 .. units-1 on `threads` threads: in C with OpenMP (the *_omp entry
     point), else from Python threads, each given a contiguous range. Raises if a buffer failed."""
-    if hasattr(library, name + "_omp"):  # units split the same way, on PyTorch's OpenMP threads
+    fn = getattr(library, name)
+    if threads == 1:
+        codes = [fn(*pointers, *sizes, 0, units)]
+    elif hasattr(library, name + "_omp"):  # units split the same way, on PyTorch's OpenMP threads
         codes = [getattr(library, name + "_omp")(*pointers, *sizes, units, threads)]
     else:
-        fn = getattr(library, name)
         cuts = [units * k // threads for k in range(threads + 1)]
         args = [(*pointers, *sizes, cuts[k], cuts[k + 1]) for k in range(threads)]
-        futures = [_thread_pool(threads - 1).submit(fn, *a) for a in args[1:]] if threads > 1 else []
+        futures = [_thread_pool(threads - 1).submit(fn, *a) for a in args[1:]]
         codes = [fn(*args[0])] + [f.result() for f in futures]  # the inputs stay referenced until all are done
     if any(codes):
-        raise MemoryError("selective_scan_cpu could not allocate its working buffers")
+        raise MemoryError(f"{name} could not allocate its working buffers")
 
 
 def _checkpoint_every(L: int) -> int:
@@ -313,79 +336,97 @@ def _checkpoint_every(L: int) -> int:
     return min(L, CHECKPOINT_EVERY)
 
 
-def _run(library, x, dt, A, B, C, h0, return_state: bool, threads: int, checkpoints: int | None = None):
-    """y (B, L, D), the final state (B, D, N) or None, and (with `checkpoints` = K) the states
-    entering positions 0, K, 2K, ... (B, D, ceil(L/K), N), in x's dtype (fp32 or fp64; all inputs
-    already of that dtype). Splits the B·D rows into `threads` contiguous ranges."""
-    x, dt, A, B, C = (t.contiguous() for t in (x, dt, A, B, C))
+def _run(library, x, dt, A, B, C, D, bias, z, softplus: bool, h0, return_state: bool, threads: int,
+         checkpoints: int | None = None, keep_pre_gate: bool = False):
+    """out (B, L, D) = (scan + D ⊙ x) ⊙ silu(z) with Δ = softplus(dt + bias) (or dt + bias), the
+    final state (B, D, N) or None, with `checkpoints` = K the states entering positions 0, K, 2K, ...
+    (B, D, ceil(L/K), N), and with `keep_pre_gate` y before the gate (B, L, D), all in x's dtype
+    (fp32 or fp64; every input already of that dtype, D and bias (D,) tensors, z None or (B, L, D)).
+    Splits the B·D rows into `threads` contiguous ranges."""
+    x, dt, A, B, C, D, bias = (t.contiguous() for t in (x, dt, A, B, C, D, bias))
+    z = None if z is None else z.contiguous()
     h0 = None if h0 is None else h0.contiguous()
     b, l, d = x.shape
     n = A.shape[1]
     y = torch.empty_like(x)
+    ypre = torch.empty_like(x) if keep_pre_gate and z is not None else None
     hl = torch.empty(b, d, n, dtype=x.dtype) if return_state else None
     k = checkpoints or l
     hc = torch.empty(b, d, -(-l // k), n, dtype=x.dtype) if checkpoints else None
     rows = b * d
-    _call(library, f"onemask_scan_{_suffix(x)}", _pointers(x, dt, A, B, C, h0, y, hl, hc), (k, l, d, n), rows,
-          _threads_for(threads, rows, rows * l * n))
-    return y, hl, hc
+    _call(library, f"onemask_scan_{_suffix(x)}", _pointers(x, dt, A, B, C, h0, D, bias, z, y, ypre, hl, hc),
+          (int(softplus), k, l, d, n), rows, _threads_for(threads, rows, rows * l * n))
+    return y, hl, hc, ypre
 
 
-def _run_backward(library, x, dt, A, B, C, hc, k: int, gy, ghl, threads: int):
-    """The gradients (x, Δ, A, B, C, h0) of the scan without the skip, from the forward's
-    checkpoints hc (kept every k positions) and the gradients of y (B, L, D) and of the final
-    state (B, D, N, or None)."""
+def _run_backward(library, x, dt, A, B, C, D, bias, z, ypre, softplus: bool, hc, k: int, gy, ghl, threads: int):
+    """The gradients (x, dt, A, B, C, D, z or None, h0) of `_run`'s out, from the forward's
+    checkpoints hc (kept every k positions) and y before the gate (ypre, with z), and the gradients
+    of out (B, L, D) and of the final state (B, D, N, or None). The bias's gradient is gdt summed
+    over (B, L)."""
     gy = gy.to(x.dtype).contiguous()
     ghl = None if ghl is None else ghl.to(x.dtype).contiguous()
     b, l, d = x.shape
     n = A.shape[1]
     nblk = -(-d // BACKWARD_BLOCK)
     gx, gdt = torch.empty_like(x), torch.empty_like(x)
+    gz = None if z is None else torch.empty_like(x)
     gAp, gh0 = torch.empty(b, d, n, dtype=x.dtype), torch.empty(b, d, n, dtype=x.dtype)
     gBp, gCp = torch.empty(b, nblk, l, n, dtype=x.dtype), torch.empty(b, nblk, l, n, dtype=x.dtype)
+    gDp = torch.empty(b, d, dtype=x.dtype)
     units = b * nblk
-    pointers = _pointers(x, dt, A, B, C, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gh0)
-    _call(library, f"onemask_scan_bwd_{_suffix(x)}", pointers, (k, BACKWARD_BLOCK, l, d, n), units,
+    pointers = _pointers(x, dt, A, B, C, D, bias, z, ypre, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gDp, gz, gh0)
+    _call(library, f"onemask_scan_bwd_{_suffix(x)}", pointers, (int(softplus), k, BACKWARD_BLOCK, l, d, n), units,
           _threads_for(threads, units, 3 * b * d * l * n))
-    return gx, gdt, gAp.sum(0), gBp.sum(1), gCp.sum(1), gh0
+    return gx, gdt, gAp.sum(0), gBp.sum(1), gCp.sum(1), gDp.sum(0), gz, gh0
 
 
 class _CpuScan(torch.autograd.Function):
-    """The fused loop with its own fused backward: apply(x, dt, A, B, C, h0, threads), all of one
-    working dtype (fp32 or fp64) -> y (B, L, D) without the skip, and the final state (B, D, N).
-    The forward keeps a state every CHECKPOINT_EVERY positions when a gradient will be needed."""
+    """The fused loop with its own fused backward: apply(x, dt, A, B, C, D, bias, z, h0, softplus,
+    threads), tensors of one working dtype (fp32 or fp64), D and bias (D,), z and h0 optional ->
+    out (B, L, D) and the final state (B, D, N). The forward keeps a state every CHECKPOINT_EVERY
+    positions (and, with z, y before the gate) when a gradient will be needed."""
 
     @staticmethod
-    def forward(ctx, x, dt, A, B, C, h0, threads):
-        x, dt, A, B, C = (t.contiguous() for t in (x, dt, A, B, C))  # the C loops read these layouts
-        every = _checkpoint_every(x.shape[1]) if any(ctx.needs_input_grad[:6]) else None
-        y, hl, hc = _run(_library, x, dt, A, B, C, h0, True, threads, every)
-        if every:
-            ctx.save_for_backward(x, dt, A, B, C, hc)
-        ctx.threads, ctx.every = threads, every
+    def forward(ctx, x, dt, A, B, C, D, bias, z, h0, softplus, threads):
+        x, dt, A, B, C, D, bias = (t.contiguous() for t in (x, dt, A, B, C, D, bias))  # the layouts the C loops read
+        z = None if z is None else z.contiguous()
+        grad = any(ctx.needs_input_grad[:9])
+        every = _checkpoint_every(x.shape[1]) if grad else None
+        y, hl, hc, ypre = _run(_library, x, dt, A, B, C, D, bias, z, softplus, h0, True, threads, every, grad)
+        if grad:
+            ctx.save_for_backward(x, dt, A, B, C, D, bias, z, ypre, hc)
+        ctx.threads, ctx.every, ctx.softplus = threads, every, softplus
         return y, hl
 
     @staticmethod
     def backward(ctx, gy, ghl):
-        x, dt, A, B, C, hc = ctx.saved_tensors
+        x, dt, A, B, C, D, bias, z, ypre, hc = ctx.saved_tensors
         if gy is None:
             gy = torch.zeros_like(x)
-        grads = _run_backward(_library, x, dt, A, B, C, hc, ctx.every, gy, ghl, ctx.threads)
-        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:6])), None)
+        gx, gdt, gA, gB, gC, gD, gz, gh0 = _run_backward(_library, x, dt, A, B, C, D, bias, z, ypre, ctx.softplus,
+                                                          hc, ctx.every, gy, ghl, ctx.threads)
+        grads = (gx, gdt, gA, gB, gC, gD, gdt.sum((0, 1)) if ctx.needs_input_grad[6] else None, gz, gh0)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:9])), None, None)
 
 
-def _scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = None):
+def _scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = None, *, z=None, delta_bias=None,
+          delta_softplus: bool = False):
     """selective_scan_cpu without the input checks: lib.ssm calls it after its own."""
-    from lib.ssm import _finish, _work_dtype
+    from lib.ssm import _work_dtype
 
     _require_cpu(x.device)
     if _ensure_built() is None:
         raise RuntimeError(f"selective_scan_cpu is {_status}; use lib.ssm.selective_scan")
-    wt = _work_dtype(x, delta, A, B, C, D, h0)
-    x_, dt_, A_, B_, C_ = (t.to(wt) for t in (x, delta, A, B, C))  # casts autograd sees through
-    y, hl = _CpuScan.apply(x_, dt_, A_, B_, C_, None if h0 is None else h0.to(wt),
+    wt = _work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
+    d = x.shape[-1]
+    # casts autograd sees through; an absent skip or bias is a zero vector to the loop
+    D_, bias_ = (x.new_zeros(d, dtype=wt) if t is None else t.to(wt) for t in (D, delta_bias))
+    y, hl = _CpuScan.apply(*(t.to(wt) for t in (x, delta, A, B, C)), D_, bias_, None if z is None else z.to(wt),
+                           None if h0 is None else h0.to(wt), delta_softplus,
                            torch.get_num_threads() if threads is None else threads)
-    return _finish(y, x_, D, hl, return_state, x.dtype)  # the skip D ⊙ x, by autograd
+    y = y.to(x.dtype)
+    return (y, hl) if return_state else y
 
 
 def _require_cpu(device: torch.device) -> None:
@@ -395,79 +436,87 @@ def _require_cpu(device: torch.device) -> None:
 
 
 def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                       D: torch.Tensor | None = None, *, h0: torch.Tensor | None = None, return_state: bool = False,
-                       threads: int | None = None):
+                       D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                       h0: torch.Tensor | None = None, return_state: bool = False, threads: int | None = None):
     """The selective scan by one fused C loop: the same arguments and result as
     `lib.ssm.selective_scan_ref` (up to rounding), differentiable, for CPU tensors.
 
-    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; h0 (B, D, N) or None
-    -> y (B, L, D) in x's dtype, and with `return_state` also the final state (B, D, N) in the
-    working dtype (fp32, or fp64 if any input is fp64). `threads`: how many threads share the rows
-    (default torch.get_num_threads()); the result does not depend on it. Raises RuntimeError,
-    saying why, where the kernel could not be built (then use lib.ssm.selective_scan).
+    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; z (B, L, D) or None,
+    the gate; delta_bias (D,) or None and delta_softplus: Δ = softplus(delta + delta_bias) (the
+    official selective_scan_fn's arguments, taken into the loop); h0 (B, D, N) or None -> y (B, L, D)
+    in x's dtype, and with `return_state` also the final state (B, D, N) in the working dtype (fp32,
+    or fp64 if any input is fp64). `threads`: how many threads share the rows (default
+    torch.get_num_threads()); the result does not depend on it. Raises RuntimeError, saying why,
+    where the kernel could not be built (then use lib.ssm.selective_scan).
     """
     from lib.ssm import _check_scan_inputs
 
-    _check_scan_inputs(x, delta, A, B, C, D, h0)
+    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     if not isinstance(return_state, bool):
         raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
     if threads is not None:
         require_int("threads", threads, minimum=1)
-    return _scan(x, delta, A, B, C, D, h0, return_state, threads)
+    return _scan(x, delta, A, B, C, D, h0, return_state, threads, z=z, delta_bias=delta_bias,
+                 delta_softplus=delta_softplus)
 
 
 # --------------------------------------------------------------------------- the mixer's convolution
 class _CpuConv(torch.autograd.Function):
-    """apply(x (B, T, E), wt (K, E), bias (E,) or None, state (B, E, K - 1) or None, threads), all
-    contiguous and of one dtype (fp32 or fp64) -> y (B, T, E); gradients for all four."""
+    """apply(x (B, T, E), wt (K, E), bias (E,) or None, state (B, E, K - 1) or None, silu, threads),
+    all contiguous and of one dtype (fp32 or fp64) -> y (B, T, E), the convolution or its SiLU;
+    gradients for all four."""
 
     @staticmethod
-    def forward(ctx, x, wt, bias, state, threads):
+    def forward(ctx, x, wt, bias, state, silu, threads):
         b, t, e = x.shape
         k = wt.shape[0]
         y = torch.empty_like(x)
-        _call(_library, f"onemask_conv_{_suffix(x)}", _pointers(x, state, wt, bias, y), (t, e, k), b,
+        pre = torch.empty_like(x) if silu and any(ctx.needs_input_grad[:4]) else None  # for silu' in the backward
+        _call(_library, f"onemask_conv_{_suffix(x)}", _pointers(x, state, wt, bias, y, pre), (int(silu), t, e, k), b,
               _threads_for(threads, b, b * t * e * k))
-        ctx.save_for_backward(x, wt, state)
+        ctx.save_for_backward(x, wt, state, pre)
         ctx.threads, ctx.has_bias = threads, bias is not None
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        x, wt, state = ctx.saved_tensors
+        x, wt, state, pre = ctx.saved_tensors
         b, t, e = x.shape
         k = wt.shape[0]
         gy = gy.to(x.dtype).contiguous()
         gx = torch.empty_like(x)
         gstate = None if state is None else torch.zeros_like(state)
         gwp, gbp = torch.empty(b, k, e, dtype=x.dtype), torch.empty(b, e, dtype=x.dtype)
-        pointers = _pointers(x, state, wt, gy, gx, gstate, gwp, gbp)
-        _call(_library, f"onemask_conv_{_suffix(x)}_bwd", pointers, (t, e, k), b,
+        pointers = _pointers(x, state, wt, pre, gy, gx, gstate, gwp, gbp)
+        _call(_library, f"onemask_conv_bwd_{_suffix(x)}", pointers, (t, e, k), b,
               _threads_for(ctx.threads, b, 2 * b * t * e * k))
         need = ctx.needs_input_grad
         return (gx if need[0] else None, gwp.sum(0) if need[1] else None,
-                gbp.sum(0) if need[2] and ctx.has_bias else None, gstate if need[3] else None, None)
+                gbp.sum(0) if need[2] and ctx.has_bias else None, gstate if need[3] else None, None, None)
 
 
 def causal_conv1d_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      state: torch.Tensor | None = None, *, threads: int | None = None) -> torch.Tensor:
+                      state: torch.Tensor | None = None, *, activation: str | None = None,
+                      threads: int | None = None) -> torch.Tensor:
     """The Mamba mixer's causal depthwise convolution by a plain C loop, differentiable: the same
     result as `lib.ssm.causal_conv1d_ref` (up to rounding), for CPU tensors.
 
     x (B, T, E); weight (E, 1, K) as nn.Conv1d(E, E, K, groups=E) holds it, or (E, K); bias (E,) or
     None; state (B, E, K − 1), the inputs before x, or None (zeros) -> y (B, T, E) with
-    y[:, t] = bias + Σ_k weight[:, k] ⊙ (state, x)[t + k]: position t sees t − K + 1 .. t.
-    Computes in fp32 (fp64 if any input is fp64) and returns x's dtype.
+    y[:, t] = bias + Σ_k weight[:, k] ⊙ (state, x)[t + k]: position t sees t − K + 1 .. t; with
+    activation="silu", SiLU(y), in the same loop. Computes in fp32 (fp64 if any input is fp64)
+    and returns x's dtype.
     """
     from lib.ssm import _check_conv_inputs
 
-    _check_conv_inputs(x, weight, bias, state)
+    _check_conv_inputs(x, weight, bias, state, activation)
     if threads is not None:
         require_int("threads", threads, minimum=1)
-    return _conv(x, weight, bias, state, threads)
+    return _conv(x, weight, bias, state, activation, threads)
 
 
-def _conv(x, weight, bias, state, threads=None):
+def _conv(x, weight, bias, state, activation=None, threads=None):
     """causal_conv1d_cpu without the checks: lib.ssm calls it after its own."""
     from lib.ssm import _work_dtype
 
@@ -478,6 +527,45 @@ def _conv(x, weight, bias, state, threads=None):
     w2 = weight.reshape(weight.shape[0], weight.shape[-1])  # (E, K)
     y = _CpuConv.apply(x.to(wt).contiguous(), w2.to(wt).t().contiguous(),
                        None if bias is None else bias.to(wt).contiguous(),
-                       None if state is None else state.to(wt).contiguous(),
+                       None if state is None else state.to(wt).contiguous(), activation == "silu",
                        torch.get_num_threads() if threads is None else threads)
     return y.to(x.dtype)
+
+
+# --------------------------------------------------------------------------- RMSNorm
+RMS_ROWS = 16  # rows per backward unit (scan_cpu.c's RMS_ROWS): each writes its own partial sum of gw
+
+
+class _CpuRMSNorm(torch.autograd.Function):
+    """apply(x (R, C), w (C,), eps, threads), contiguous, one dtype (fp32 or fp64) -> y (R, C)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps, threads):
+        r, c = x.shape
+        y, rstd = torch.empty_like(x), torch.empty(r, dtype=x.dtype)
+        _call(_library, f"onemask_rms_{_suffix(x)}", _pointers(x, w, y, rstd), (float(eps), c), r,
+              _threads_for(threads, r, r * c))
+        ctx.save_for_backward(x, w, rstd)
+        ctx.threads = threads
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w, rstd = ctx.saved_tensors
+        r, c = x.shape
+        units = -(-r // RMS_ROWS)
+        gx, gwp = torch.empty_like(x), torch.empty(units, c, dtype=x.dtype)
+        _call(_library, f"onemask_rms_bwd_{_suffix(x)}", _pointers(x, w, rstd, gy.to(x.dtype).contiguous(), gx, gwp),
+              (r, c), units, _threads_for(ctx.threads, units, 2 * r * c))
+        return gx, gwp.sum(0), None, None
+
+
+def _rms_norm(x, weight, eps, threads=None):
+    """RMSNorm over x's last axis by the C loop (checked CPU inputs of one dtype, fp32 or fp64)."""
+    _require_cpu(x.device)
+    if _ensure_built() is None:
+        raise RuntimeError(f"rms_norm_cpu is {_status}; use lib.norms.rms_norm")
+    shape = x.shape
+    y = _CpuRMSNorm.apply(x.reshape(-1, shape[-1]).contiguous(), weight.contiguous(), eps,
+                          torch.get_num_threads() if threads is None else threads)
+    return y.view(shape)
