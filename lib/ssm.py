@@ -647,7 +647,9 @@ class SelectiveSSM(nn.Module):
         d, n, r = config.d_inner, config.d_state, config.dt_rank
         self.selective, self.scan, self.chunk_size = config.selective, config.scan, config.chunk_size
         self.d_state, self.dt_rank = n, r
-        A = torch.arange(1, n + 1, dtype=torch.float32).repeat(d, 1)  # (D, N): row d is 1..N
+        # (D, N): row d is 1..N. Never in half precision (the official code keeps A_log in fp32 for a
+        # half model), in float64 in a float64 model, whose every step then stays float64.
+        A = torch.arange(1, n + 1, dtype=torch.promote_types(torch.get_default_dtype(), torch.float32)).repeat(d, 1)
         self.A_log = nn.Parameter(torch.log(A))  # stored as a log so A = −exp(A_log) stays negative
         self.D = nn.Parameter(torch.ones(d))
         dt = torch.exp(torch.rand(d) * (math.log(config.dt_max) - math.log(config.dt_min)) + math.log(config.dt_min))

@@ -48,10 +48,7 @@ def test_the_lessons_models_are_built_as_the_lessons_build_them():
     for lesson, (names, dtype) in built_as.items():
         models, batches = lesson_cases(lesson, batches=2)
         assert list(models) == names and len(batches) == 2
-        # every parameter in the lesson's dtype but Mamba's A_log, which lib.ssm creates in float32 whatever the
-        # default dtype (as the official code keeps it)
-        assert all(p.dtype == dtype for m in models.values() for n, p in m.named_parameters()
-                   if not n.endswith("A_log"))
+        assert all(p.dtype == dtype for m in models.values() for p in m.parameters())  # every one, A_log too
         idx, targets = batches[0]
         for m in models.values():
             m(idx, targets)  # the batches fit the models

@@ -500,3 +500,20 @@ def test_mamba_lm_is_hugging_faces_mamba_for_causal_lm(scan):
             out, state = ours.step(idx[:, t], state)
             stepped.append(out)
         torch.testing.assert_close(torch.stack(stepped, 1), hf_logits(idx), **tol)
+
+
+def test_a_float64_model_keeps_every_parameter_in_float64_and_a_half_default_keeps_A_in_fp32():
+    """A_log follows the default dtype, so a float64 model trains in float64 throughout; a half default
+    keeps A in float32, as the official code does."""
+    from lib.precision import default_dtype
+
+    with default_dtype(torch.float64):
+        model = MambaLM(MambaConfig(vocab_size=10, d_model=16, n_layers=1))
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        ssm = SelectiveSSM(MambaConfig(vocab_size=10, d_model=16, n_layers=1))
+    finally:
+        torch.set_default_dtype(before)
+    assert ssm.A_log.dtype == torch.float32 and ssm.D.dtype == torch.bfloat16
