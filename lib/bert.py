@@ -385,7 +385,7 @@ def train_mlm(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.T
         raise ValueError(f"attention_mask must have ids' shape {tuple(ids.shape)}, got {tuple(attention_mask.shape)}")
     g = torch.Generator().manual_seed(seed)
     vocab_size = model.bert.config.vocab_size
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=True)  # as lib.gpt.train_gpt
     warmup = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))

@@ -77,3 +77,16 @@ def test_bad_input_is_refused_by_name():
         training_throughput(models, _batches([4]), repeats=0)
     with pytest.raises(ValueError, match="lesson must be one of"):
         lesson_cases("05")
+
+
+def test_relative_step_times_pair_the_steps_of_one_batch():
+    """The median over rounds of paired ratios: a long batch is divided by the long batch's step,
+    never by another batch's (a ratio of the two medians would give 1.0 here)."""
+    from lib.bench.training import relative_step_times
+
+    timed = {"GPT": {"seconds": [1.0, 2.0, 4.0]}, "Mamba": {"seconds": [1.5, 2.0, 100.0]}}
+    assert relative_step_times(timed, "GPT") == {"GPT": 1.0, "Mamba": 1.5}
+    with pytest.raises(ValueError, match=r"base must name one of the timed models \['GPT', 'Mamba'\], got 'BERT'"):
+        relative_step_times(timed, "BERT")
+    with pytest.raises(ValueError):  # rounds that do not pair up
+        relative_step_times({"GPT": {"seconds": [1.0, 2.0]}, "Mamba": {"seconds": [1.0]}}, "GPT")

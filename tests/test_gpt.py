@@ -415,3 +415,35 @@ def test_cached_generate_decodes_one_token_per_step_at_the_next_position(padded)
     finally:
         handle.remove()
     assert torch.equal(cached, recomputed) and cached.shape == (3, 11)
+
+
+@pytest.mark.parametrize("loop", ["train_gpt", "train_on_task"])
+def test_foreach_adamw_trains_the_same_bits_as_the_per_tensor_loop(loop, monkeypatch):
+    """The training loops run AdamW's for-each implementation on a CPU too (PyTorch's default
+    there is a Python loop over the tensors, slow for models of many small tensors): it must not
+    change a single bit of the trained weights, so stored lesson outputs hold either way."""
+    from lib.precision import default_dtype
+    from lib.ssm import MambaConfig, MambaLM
+    from lib.tasks import SelectiveCopying, train_on_task
+
+    real = torch.optim.AdamW
+
+    def trained(foreach):
+        """(initial, trained) weights of one seeded run, with AdamW's foreach forced."""
+        monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **k: real(*a, **{**k, "foreach": foreach}))
+        torch.manual_seed(0)
+        if loop == "train_gpt":
+            model = GPT(GPTConfig.tiny(vocab_size=13, block_size=16, n_layer=2, n_embd=32))
+            initial = [p.detach().clone() for p in model.parameters()]
+            train_gpt(model, torch.arange(200) % 13, steps=8, batch_size=8, lr=1e-2, weight_decay=0.1, seed=0)
+        else:
+            task = SelectiveCopying(n_data=2, n_blank=5, n_symbols=4)
+            with default_dtype(torch.float64):
+                model = MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=16, n_layers=2))
+                initial = [p.detach().clone() for p in model.parameters()]
+                train_on_task(model, task, steps=8, batch_size=8, lr=1e-2, weight_decay=0.1)
+        return initial, [p.detach().clone() for p in model.parameters()]
+
+    (start, per_tensor), (_, foreach) = trained(False), trained(True)
+    assert all(torch.equal(a, b) for a, b in zip(per_tensor, foreach))
+    assert all(not torch.equal(a, b) for a, b in zip(start, per_tensor))  # every parameter moved

@@ -149,7 +149,7 @@ def _tile_schedule():
 @functools.lru_cache(maxsize=1)
 def _ssm_models():
     """Selective and fixed-Δ Mamba (2 layers, width 32) on short selective-copying sequences,
-    150 steps each (lesson 06 trains on longer sequences for 300 steps)."""
+    150 steps each (lesson 06 trains on much longer sequences for 1,200 steps)."""
     from lib.ssm import MambaConfig, MambaLM
     from lib.tasks import SelectiveCopying, train_on_task
 

@@ -6,7 +6,7 @@
 Each model is built as its lesson builds it, at the lesson's default size, batch and dtype:
 
     lesson 03  the character GPT (2 layers, width 96, context 64), batch 24, float64
-    lesson 06  the selective-copying Mamba (2 layers, width 32), batch 32, float64
+    lesson 06  the selective-copying Mamba (2 layers, width 32, 68-token sequences), batch 32, float64
     lesson 07  the MoE GPT of `lib.moe.train_moe_lm` (8 experts, top-2), batch 16 x 32, float32
     lesson 08  the four models of `lib.compare.build_models("default")` (GPT, Mamba, MoE GPT,
                hybrid) on its recall mix, batch 16, float64
@@ -16,8 +16,11 @@ clipping, an AdamW step. The models of one lesson are timed in turn on the same 
 interleaved (model 1, model 2, ..., then again), after one warm-up step each, so a change in the
 machine's load touches all of them alike; each model's figure is the median. Within a lesson the
 step time is also given relative to that lesson's GPT (lesson 08's ratios are the comparison its
-FLOPs table leaves out: what each architecture costs to train on this CPU). A record, not a test:
-timings depend on the machine and on whatever else runs on it (the load average is recorded).
+FLOPs table leaves out: what each architecture costs to train on this CPU): `relative_step_times`,
+the median over rounds of the two models' step times on the same batch. Lesson 08 mixes sequence
+lengths, so a ratio of the two medians could set a short batch against a long one; a paired ratio
+never does. A record, not a test: timings depend on the machine and on whatever else runs on it
+(the load average is recorded).
 
 `training_throughput(models, batches)` is the measurement itself, for lessons to call on their
 own models (it trains copies, so the models passed in are left as they were).
@@ -40,7 +43,7 @@ import torch
 from lib._checks import require_int
 from lib.bench import BENCHMARKS, busy_machine, cpu_name, machine_record
 
-__all__ = ["LESSONS", "lesson_cases", "run", "training_throughput"]
+__all__ = ["LESSONS", "lesson_cases", "relative_step_times", "run", "training_throughput"]
 
 LESSONS = ("03", "06", "07", "08")
 
@@ -74,7 +77,7 @@ def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, re
     for name, model in models.items():
         twin = copy.deepcopy(model).train()
         params = [p for p in twin.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
+        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), foreach=True)  # as the lessons' training loops
 
         def step(batch, twin=twin, params=params, opt=opt) -> float:
             start = time.perf_counter()
@@ -100,6 +103,17 @@ def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, re
         out[name] = {"median_seconds": median, "tokens_per_step": tokens, "tokens_per_second": tokens / median,
                      "seconds": s}
     return out
+
+
+def relative_step_times(timed: dict[str, dict], base: str) -> dict[str, float]:
+    """Each model's step time relative to `base`'s: for every round, the two steps on the same
+    batch divided, then the median over rounds. `timed` is what `training_throughput` returns."""
+    if not isinstance(timed, dict) or base not in timed:
+        raise ValueError(f"base must name one of the timed models {sorted(timed) if isinstance(timed, dict) else []}, "
+                         f"got {base!r}")
+    reference = timed[base]["seconds"]
+    return {name: statistics.median(s / r for s, r in zip(t["seconds"], reference, strict=True))
+            for name, t in timed.items()}
 
 
 # --------------------------------------------------------------------------- the lessons' models
@@ -135,13 +149,10 @@ def lesson_cases(lesson: str, *, batches: int = 8, seed: int = 0) -> tuple[dict,
             models = {"GPT": GPT(GPTConfig.tiny(vocab_size=vocab_size, n_layer=2, n_embd=96))}
         return models, data
     if lesson == "06":
-        from lib.ssm import MambaConfig, MambaLM
-        from lib.tasks import SelectiveCopying
+        from lib.bench.selective_copying import LESSON, CopyRun, build
 
-        task = SelectiveCopying(n_data=3, n_blank=13, n_symbols=8)
-        with default_dtype(torch.float64):
-            models = {"Mamba": MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2))}
-        return models, _task_batches(task, 32, batches, seed)
+        task, model = build(CopyRun(LESSON["n_blank"], True, LESSON["steps"], seed))  # float64, as the lesson
+        return {"Mamba": model}, _task_batches(task, LESSON["batch_size"], batches, seed)
     if lesson == "07":
         from lib.gpt import GPTConfig
         from lib.moe import moe_gpt
@@ -173,7 +184,7 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
         for lesson in lessons:
             models, batches = lesson_cases(lesson)
             timed = training_throughput(models, batches, repeats=repeats)
-            base = timed.get("GPT")
+            relative = relative_step_times(timed, "GPT") if "GPT" in timed else None
             for name, t in timed.items():
                 dtype = next(models[name].parameters()).dtype
                 rows.append({"lesson": lesson, "model": name, "dtype": str(dtype).replace("torch.", ""),
@@ -183,8 +194,7 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
                              "median_seconds_per_step": round(t["median_seconds"], 6),
                              "tokens_per_step": t["tokens_per_step"],
                              "tokens_per_second": round(t["tokens_per_second"], 1),
-                             "step_time_vs_lesson_gpt": None if base is None else round(t["median_seconds"]
-                                                                                        / base["median_seconds"], 2),
+                             "step_time_vs_lesson_gpt": None if relative is None else round(relative[name], 2),
                              "seconds": [round(s, 6) for s in t["seconds"]]})
             if load:
                 load.append(os.getloadavg()[0])
@@ -193,7 +203,8 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
     return {
         "benchmark": "training throughput: one step (forward with loss, backward, clipping, AdamW) of each model "
                      "the course trains, at its lesson's default size, batch and dtype; models of one lesson "
-                     "interleaved on the same batches; median over repeats",
+                     "interleaved on the same batches; median over repeats; the step time relative to the "
+                     "lesson's GPT is the median over rounds of the two steps on the same batch",
         "repeats": repeats,
         "results": rows,
         "scan_kernel": cpu_kernel_status(),
