@@ -90,3 +90,22 @@ def test_relative_step_times_pair_the_steps_of_one_batch():
         relative_step_times(timed, "BERT")
     with pytest.raises(ValueError):  # rounds that do not pair up
         relative_step_times({"GPT": {"seconds": [1.0, 2.0]}, "Mamba": {"seconds": [1.0]}}, "GPT")
+
+
+def test_torch_threads_sets_and_restores_the_count_even_on_error():
+    from lib.bench import load_average, torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1) as used:
+        assert used == torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with torch_threads(1):
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+    with torch_threads(None) as used:
+        assert used == before
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        with torch_threads(0):
+            pass
+    assert all(isinstance(x, float) and x >= 0 for x in load_average())

@@ -3,9 +3,10 @@
 import json
 import os
 import platform
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["BENCHMARKS", "busy_machine", "cpu_name", "load_record", "machine_record"]
+__all__ = ["BENCHMARKS", "busy_machine", "cpu_name", "load_average", "load_record", "machine_record", "torch_threads"]
 
 # The committed benchmark records (generated JSON files; tools/gpu_checks.sh writes the GPU ones).
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -44,3 +45,28 @@ def machine_record(device: str, torch_threads, load: list[float], load_key: str)
 def busy_machine(load: list[float]) -> bool:
     """Whether a sampled load average exceeded the core count: other processes shared the CPU."""
     return bool(load) and max(load) > (os.cpu_count() or 1)
+
+
+def load_average() -> list[float]:
+    """[the 1-minute load average now] where the OS reports one (POSIX), else []: a record appends
+    these samples as it goes, for `machine_record` and `busy_machine`."""
+    return [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
+
+
+@contextmanager
+def torch_threads(threads: int | None):
+    """torch's thread count set to `threads` inside the block (None: left as it is), restored after;
+    yields the count in use."""
+    import torch
+
+    from lib._checks import require_int
+
+    if threads is not None:
+        require_int("threads", threads, minimum=1)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)

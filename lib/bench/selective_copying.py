@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 
 from lib._checks import require_int
-from lib.bench import BENCHMARKS, busy_machine, cpu_name, machine_record
+from lib.bench import BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, torch_threads
 
 __all__ = ["LESSON", "LONG_STEPS", "SEEDS", "SHORTER_BLANKS", "CopyRun", "build", "run", "runs", "train_one"]
 
@@ -111,23 +110,16 @@ def run(seeds=SEEDS, *, threads: int | None = 2, progress=print) -> dict:
         raise ValueError("seeds must name at least one seed")
     for s in seeds:
         require_int("seed", s, minimum=0)
-    before = torch.get_num_threads()
-    if threads is not None:
-        require_int("threads", threads, minimum=1)
-        torch.set_num_threads(threads)
-    load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
     results = []
-    try:
+    with torch_threads(threads) as used:
+        load = load_average()
         for r in runs(seeds):
             results.append(train_one(r))
-            if load:
-                load.append(os.getloadavg()[0])
+            load += load_average()
             if progress:
                 res = results[-1]
                 progress(f"{'selective' if r.selective else 'fixed':9s} L={res['seq_len']:3d} steps={r.steps:5d} "
                          f"seed={r.seed}: accuracy {res['accuracy']:.1%} ({res['seconds']:.0f} s)")
-    finally:
-        torch.set_num_threads(before)
     return {
         "benchmark": "selective copying, selective Mamba vs fixed Δ, B, C: answer accuracy per run (lesson 06's "
                      "models and training, float64)",
@@ -136,7 +128,7 @@ def run(seeds=SEEDS, *, threads: int | None = 2, progress=print) -> dict:
         "seeds": list(seeds),
         "results": results,
         "scan_kernel": cpu_kernel_status(),
-        "machine": machine_record(cpu_name(), threads or before, load, "load_average_1min_at_start_and_after_each_run"),
+        "machine": machine_record(cpu_name(), used, load, "load_average_1min_at_start_and_after_each_run"),
         "busy_machine": busy_machine(load),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "generated_by": "python -m lib.bench.selective_copying",

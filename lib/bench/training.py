@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 import time
 from datetime import datetime, timezone
@@ -41,7 +40,7 @@ from typing import Callable
 import torch
 
 from lib._checks import require_int
-from lib.bench import BENCHMARKS, busy_machine, cpu_name, machine_record
+from lib.bench import BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, torch_threads
 
 __all__ = ["LESSONS", "lesson_cases", "relative_step_times", "run", "training_throughput"]
 
@@ -174,13 +173,9 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
     from lib.kernels.scan_cpu import cpu_kernel_status
 
     require_int("repeats", repeats, minimum=1)
-    before = torch.get_num_threads()
-    if threads is not None:
-        require_int("threads", threads, minimum=1)
-        torch.set_num_threads(threads)
-    load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
     rows = []
-    try:
+    with torch_threads(threads) as used:
+        load = load_average()
         for lesson in lessons:
             models, batches = lesson_cases(lesson)
             timed = training_throughput(models, batches, repeats=repeats)
@@ -196,10 +191,7 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
                              "tokens_per_second": round(t["tokens_per_second"], 1),
                              "step_time_vs_lesson_gpt": None if relative is None else round(relative[name], 2),
                              "seconds": [round(s, 6) for s in t["seconds"]]})
-            if load:
-                load.append(os.getloadavg()[0])
-    finally:
-        torch.set_num_threads(before)
+            load += load_average()
     return {
         "benchmark": "training throughput: one step (forward with loss, backward, clipping, AdamW) of each model "
                      "the course trains, at its lesson's default size, batch and dtype; models of one lesson "
@@ -208,7 +200,7 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
         "repeats": repeats,
         "results": rows,
         "scan_kernel": cpu_kernel_status(),
-        "machine": machine_record(cpu_name(), threads or before, load, "load_average_1min_at_start_and_after_each_lesson"),
+        "machine": machine_record(cpu_name(), used, load, "load_average_1min_at_start_and_after_each_lesson"),
         "busy_machine": busy_machine(load),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "generated_by": "python -m lib.bench.training",
