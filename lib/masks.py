@@ -99,8 +99,8 @@ def sliding_window_mask(
 ) -> torch.Tensor:
     """(T, S) local attention: each query sees `window` keys, itself included.
 
-    causal=True (Mistral, Longformer's decoder use): keys in (i - window, i].
-    causal=False: keys with |i - j| < window, on both sides.
+    causal=True (Mistral's sliding window): keys in (i - window, i].
+    causal=False (Longformer's local attention): keys with |i - j| < window, on both sides.
     """
     _check_dtype(dtype)
     require_int("window", window, minimum=1)

@@ -259,7 +259,7 @@ def test_lessons_print_rounding_errors_as_bounds_not_digits(md):
 # Student-facing text speaks of the course's subject, not of how it was made: the source articles
 # by their titles (the book's Sources page lists them), never as "the seed", and no issues,
 # goals or the authors' notes file. Random seeds ("seed=0", "another seed") are not meant.
-_MAKING_OF = re.compile(r"seed article|course's seed|\bthe seed's\b|\bseed \d{3}\b|SOURCES\.md|"
+_MAKING_OF = re.compile(r"seed article|course's seed|\bthe seed's\b|\bseed \d{3}\b|SOURCES\.md|course grew from|"
                         r"\b(?:an?|the|this) issue\b|\bissue's\b|performance goal|course's goal", re.I)
 
 

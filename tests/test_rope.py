@@ -6,7 +6,7 @@ input, the half-width table above all, gets a clear error."""
 import pytest
 import torch
 
-from lib.rope import apply_rope, apply_rope_ref, rope_cos_sin, rope_frequencies, rotate_half
+from lib.rope import apply_rope, apply_rope_ref, rope_cos_sin, rope_frequencies, rotate_half, rotate_interleaved
 
 EPS32 = torch.finfo(torch.float32).eps  # 2^-23, one ulp at 1.0
 
@@ -209,3 +209,48 @@ def test_half_precision_keeps_its_dtype_and_rounds_once(dtype, ulp):
     # atol covers subnormals, whose spacing is below the smallest normal number.
     expected = apply_rope(x.float(), cos, sin)
     assert torch.allclose(out.float(), expected, rtol=ulp, atol=torch.finfo(dtype).tiny)
+
+
+
+# --------------------------------------------------------------------------- the interleaved convention
+@pytest.mark.parametrize("T, D, offset", [(37, 16, 0), (1, 2, 0), (8, 2, 3), (13, 64, 1000)])
+def test_the_interleaved_layout_is_the_pairwise_rotation_of_pairs_2i_2i_plus_1(T, D, offset):
+    x = rand(2, 3, T, D, seed=T + D + 1)
+    out = apply_rope(x, *rope_cos_sin(T, D, offset=offset, layout="interleaved"), layout="interleaved")
+    truth = apply_rope_ref(x.double(), torch.arange(offset, offset + T), layout="interleaved")
+    assert (out.double() - truth).abs().max().item() <= fp32_rotation_tol(x)
+    if D > 2:  # one pair is the same pair in both layouts; more are not
+        assert not torch.allclose(truth, apply_rope_ref(x.double(), torch.arange(offset, offset + T)))
+    assert torch.equal(rotate_interleaved(torch.arange(6.0)), torch.tensor([-1.0, 0.0, -3.0, 2.0, -5.0, 4.0]))
+
+
+def test_the_two_layouts_are_one_rotation_up_to_a_permutation_of_channels_and_mixing_them_breaks_it():
+    """Interleaved channel 2i holds what rotate-half keeps in channel i, 2i + 1 what it keeps in i + D/2:
+    permute, rotate, permute back, and the results agree. A table of one layout with the other's
+    rotation is no rotation: the score of a fixed offset drifts as the pair moves."""
+    T, D = 9, 16
+    x = rand(1, 2, T, D, seed=7)
+    to_interleaved = torch.stack([torch.arange(D // 2), torch.arange(D // 2) + D // 2], dim=-1).reshape(D)
+    half = apply_rope(x, *rope_cos_sin(T, D))
+    inter = apply_rope(x[..., to_interleaved], *rope_cos_sin(T, D, layout="interleaved"), layout="interleaved")
+    torch.testing.assert_close(inter, half[..., to_interleaved], rtol=0, atol=fp32_rotation_tol(x))
+    q, k = rand(D, seed=1), rand(D, seed=2)
+
+    def drift(table_layout, rotation_layout):
+        def rot(v, p):
+            return apply_rope(v.view(1, 1, 1, D), *rope_cos_sin(1, D, offset=p, layout=table_layout),
+                              layout=rotation_layout).view(D)
+        return max(abs((rot(q, s) @ rot(k, s + 3) - rot(q, 0) @ rot(k, 3)).item()) for s in SHIFTS)
+
+    tol = score_tol(q, k)
+    assert drift("half", "half") <= tol and drift("interleaved", "interleaved") <= tol
+    assert drift("interleaved", "half") > 1000 * tol and drift("half", "interleaved") > 1000 * tol
+
+
+def test_an_unknown_layout_is_refused():
+    with pytest.raises(ValueError, match=r"layout must be one of \('half', 'interleaved'\)"):
+        rope_cos_sin(4, 8, layout="complex")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        apply_rope(rand(1, 1, 4, 8, seed=0), *rope_cos_sin(4, 8), layout="pairs")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        apply_rope_ref(rand(1, 1, 4, 8, seed=0), torch.arange(4), layout=None)
