@@ -12,8 +12,10 @@ executed notebooks and writes the book's ledger, so the ledger is generated, nev
 verdict is decided by code from the measured numbers, and the evidence is a string the cell
 formats from them.
 
-Verdicts: "reproduced" and "contradicted" (measured here), "needs a GPU" (the claim is about GPU
-speed or memory; the evidence says what would reproduce it), "not measurable here" (say why).
+Verdicts: "reproduced" and "contradicted" (measured here), "not reproduced at this scale" (measured
+here, where the claim does not show, but about a scale the course cannot reach; the evidence
+states the scale measured, and a larger run could still find it), "needs a GPU" (the claim is about
+GPU speed or memory; the evidence says what would reproduce it), "not measurable here" (say why).
 `REQUIRED` lists the claims the course promises to check; the build fails without each of them.
 """
 
@@ -30,9 +32,10 @@ __all__ = ["MIMETYPE", "REQUIRED", "VERDICTS", "Claim", "check_required", "claim
            "reproduced_if", "verdict_summary"]
 
 MIMETYPE = "application/vnd.onemask.claim+json"
-VERDICTS = ("reproduced", "contradicted", "needs a GPU", "not measurable here")
+VERDICTS = ("reproduced", "contradicted", "not reproduced at this scale", "needs a GPU", "not measurable here")
 _ID = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
-_MARK = {"reproduced": "✔", "contradicted": "✘", "needs a GPU": "⚙", "not measurable here": "–"}
+_MARK = {"reproduced": "✔", "contradicted": "✘", "not reproduced at this scale": "≁", "needs a GPU": "⚙",
+         "not measurable here": "–"}
 
 # The claims the course must check, by id: a lesson that drops one fails tests/test_claims.py.
 REQUIRED: tuple[str, ...] = (
@@ -152,11 +155,15 @@ def verdict_summary(timed: Iterable[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def reproduced_if(holds: Any) -> str:
-    """"reproduced" when the measured condition holds, "contradicted" when it does not."""
+def reproduced_if(holds: Any, *, otherwise: str = "contradicted") -> str:
+    """"reproduced" when the measured condition holds, else `otherwise`: "contradicted", or "not
+    reproduced at this scale" for a claim about models or runs larger than the course can make
+    (the evidence must then state the scale it measured)."""
     if holds is None or isinstance(holds, (str, bytes)):
         raise TypeError(f"reproduced_if needs the measured condition (a bool), got {holds!r}")
-    return "reproduced" if bool(holds) else "contradicted"
+    if otherwise not in ("contradicted", "not reproduced at this scale"):
+        raise ValueError(f"otherwise must be 'contradicted' or 'not reproduced at this scale', got {otherwise!r}")
+    return "reproduced" if bool(holds) else otherwise
 
 
 def claims_in_notebook(notebook: dict | str | Path) -> list[tuple[int, Claim]]:

@@ -56,6 +56,10 @@ def test_claim_rejects_empty_or_non_text_fields():
 
 def test_reproduced_if_decides_from_the_condition_and_refuses_non_conditions():
     assert reproduced_if(3 < 4) == "reproduced" and reproduced_if(0.5 > 1) == "contradicted"
+    scale = "not reproduced at this scale"
+    assert reproduced_if(0.5 > 1, otherwise=scale) == scale and reproduced_if(3 < 4, otherwise=scale) == "reproduced"
+    with pytest.raises(ValueError, match="otherwise must be 'contradicted' or 'not reproduced at this scale'"):
+        reproduced_if(True, otherwise="needs a GPU")  # a capability, not an outcome of the measurement
     import torch
 
     assert reproduced_if(torch.tensor(2.0) > 1) == "reproduced"

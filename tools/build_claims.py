@@ -50,7 +50,9 @@ def render(notebooks: list[Path]) -> str:
         "Every quantitative claim of the course's source articles, and the lessons' own, that a lesson "
         "cell measures. Each row was registered by that cell with `lib.claims.claim`: the verdict is "
         "decided by code from the cell's measurement, and the evidence is formatted from the measured "
-        "values, so nothing here is typed by hand. *Needs a GPU* means this machine cannot measure the "
+        "values, so nothing here is typed by hand. *Not reproduced at this scale* means the measurement "
+        "does not show the claim in the course's small models or short runs, which the evidence states, "
+        "while the claim is about larger ones. *Needs a GPU* means this machine cannot measure the "
         "claim; the evidence says what would.",
         "",
         f"{len(rows)} claims: {counts}. The {len(REQUIRED)} claims the course promises to check are all present.",
