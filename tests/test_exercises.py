@@ -5,6 +5,7 @@ import importlib.util
 import math
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import nbformat
@@ -211,6 +212,62 @@ def no_ignore_labels(ids, mask_id, vocab, special, g):
     return corrupted, ids.clone()
 
 
+def _corrupt(ids, mask_id, vocab, special, g, *, select=None, p=0.15, split=(0.8, 0.9), random_ids=None):
+    """A parametrised corruption: the right one by default, each keyword a way to get it wrong."""
+    not_special = ~torch.isin(ids, torch.tensor(special))
+    sel = (select if select is not None else torch.rand(ids.shape, generator=g) < p) & not_special
+    choice = torch.rand(ids.shape, generator=g)
+    if random_ids is None:
+        allowed = torch.ones(vocab, dtype=torch.bool)
+        allowed[list(special)] = False
+        candidates = allowed.nonzero().squeeze(1)
+        random_ids = candidates[torch.randint(len(candidates), ids.shape, generator=g)]
+    corrupted = torch.where(sel & (choice < split[0]), mask_id, ids)
+    corrupted = torch.where(sel & (choice >= split[0]) & (choice < split[1]), random_ids, corrupted)
+    return corrupted, torch.where(sel, ids, -100)
+
+
+def every_7th(ids, mask_id, vocab, special, g):  # the right average and even columns, a fixed pattern
+    select = (torch.arange(ids.numel()).view(ids.shape) % 7 == 0) | (torch.rand(ids.shape, generator=g) < 0.0085)
+    return _corrupt(ids, mask_id, vocab, special, g, select=select)
+
+
+def every_7th_position(ids, mask_id, vocab, special, g):  # positions 0, 7, 14, ... of every sequence
+    select = (torch.arange(ids.shape[1]) % 7 == 0).expand(ids.shape) | (torch.rand(ids.shape, generator=g) < 0.0085)
+    return _corrupt(ids, mask_id, vocab, special, g, select=select)
+
+
+def one_random_token(ids, mask_id, vocab, special, g):
+    return _corrupt(ids, mask_id, vocab, special, g, random_ids=torch.full_like(ids, 2000))
+
+
+def random_from_specials(ids, mask_id, vocab, special, g):  # [PAD], [CLS] or [SEP] as the "random" token
+    others = torch.tensor([t for t in special if t != mask_id])
+    pick = others[torch.randint(len(others), ids.shape, generator=g)]
+    return _corrupt(ids, mask_id, vocab, special, g, random_ids=pick)
+
+
+def ignores_the_generator(ids, mask_id, vocab, special, g):
+    return _corrupt(ids, mask_id, vocab, special, torch.Generator().manual_seed(torch.seed() % 2**31))
+
+
+def test_mlm_corrupt_check_fails_plausible_wrong_answers_by_name():
+    """Each passes the average shares the old check looked at, or misses them by a little."""
+    assert check_mlm_corrupt(_corrupt).passed  # the parametrised corruption, unchanged, is right
+    for wrong, words in [
+        (every_7th, "position to position"),
+        (every_7th_position, "position to position"),
+        (one_random_token, "spread evenly"),
+        (random_from_specials, "special token"),
+        (partial(_corrupt, p=0.141), "of the non-special tokens were selected, expected 15%"),
+        (partial(_corrupt, p=0.159), "of the non-special tokens were selected, expected 15%"),
+        (partial(_corrupt, split=(0.786, 0.886)), "expected 80% / 10% / 10%"),
+        (ignores_the_generator, "generator"),
+    ]:
+        report = check_mlm_corrupt(wrong)
+        assert not report.passed and words in f"{report.problem} {report.hint}", (wrong, report)
+
+
 def test_mlm_corrupt_check_passes_on_lib_and_fails_on_the_stub():
     assert check_mlm_corrupt(lib_corrupt).passed
     assert check_mlm_corrupt(stub).problem == "not attempted yet"
@@ -331,7 +388,18 @@ def _not_in_place(k_cache, v_cache, start, k, v):
     return _lib_update(k_cache.clone(), v_cache.clone(), start, k, v)
 
 
-@pytest.mark.parametrize("wrong, words", [(_returns_new_only, "every position so far"), (_not_in_place, "in place")])
+def _returns_copies(k_cache, v_cache, start, k, v):
+    k_all, v_all = _lib_update(k_cache, v_cache, start, k, v)
+    return k_all.clone(), v_all.clone()
+
+
+def _returns_concatenated(k_cache, v_cache, start, k, v):
+    _lib_update(k_cache, v_cache, start, k, v)
+    return torch.cat([k_cache[:, :, :start], k], dim=2), torch.cat([v_cache[:, :, :start], v], dim=2)
+
+
+@pytest.mark.parametrize("wrong, words", [(_returns_new_only, "every position so far"), (_not_in_place, "in place"),
+                                          (_returns_copies, "return views"), (_returns_concatenated, "return views")])
 def test_cache_update_check_names_the_mistake(wrong, words):
     report = check_cache_update(wrong)
     assert not report.passed and words in report.hint, report
@@ -430,6 +498,8 @@ def test_online_softmax_check_names_the_mistake(wrong, words):
      ((i * bm) // bn, min((i + 1) * bm, T) // bn), "one key block short"),
     (lambda i, T, bm, bn, c: key_block_bounds(i, T, bm, bn, c) if c else (-(-T // bn), -(-T // bn)),
      "partial last key block"),
+    (lambda i, T, bm, bn, c: key_block_bounds(i, T, bm, bn, c) if not c else  # n_end not capped at T
+     (key_block_bounds(i, T, bm, bn, c)[0], -(-((i + 1) * bm) // bn)), "capped at T - 1"),
     (lambda i, T, bm, bn, c: key_block_bounds(i, T, bm, bn, c) if not c else
      (key_block_bounds(i, T, bm, bn, c)[1], key_block_bounds(i, T, bm, bn, c)[1]), "element mask"),
     (lambda i, T, bm, bn, c: (T // bn, -(-T // bn)), "skip them"),
@@ -507,6 +577,8 @@ def test_lesson07_checks_pass_on_lib_and_fail_on_the_stub():
     (check_balance_loss, lambda l, k: load_balancing_loss(l, k) / k, "Σ f_i = k"),
     (check_expert_capacity, lambda N, E, k, C: int(C * N * k / E), "round up"),
     (check_expert_capacity, lambda N, E, k, C: -(-int(C * N) // E), "k assignments"),
+    (check_expert_capacity, lambda N, E, k, C: math.ceil(C * N / E) * k, "before rounding up"),  # 8 at (10, 3, 2, 1)
+    (check_expert_capacity, lambda N, E, k, C: math.ceil(C * N * k / E), "float rounding"),  # 12 at (100, 10, 1, 1.1)
 ])
 def test_lesson07_checks_name_the_mistake(check, wrong, words):
     report = check(wrong)

@@ -45,35 +45,69 @@ def check_padding_mask(fn) -> CheckReport:
     return run_checks("Exercise 2.1 (padding mask)", fn, cases)
 
 
-# MLM corruption: judged on statistics of one large batch. With ~45k selected tokens the standard
-# error of each share is under 0.2 points, so these bands are 5+ standard errors wide.
+# MLM corruption: judged on statistics of one large batch of 614,400 tokens, about 550,000 of
+# them not special, so about 82,000 selected. Standard errors: the selection rate 0.05 points, the
+# [MASK] share 0.14, the random and unchanged shares 0.10. The bands, 0.35 and 0.6 points, are at
+# least 4 standard errors: a correct solution with another random stream fails about once in ten
+# thousand runs, while 14.1% or 15.9% selected, or a 78.6 / 10 / 11.4 split, fail. Two chi-squared
+# statistics look past the averages: the selection rate column by column, and the random
+# replacements over 16 ranges of the non-special ids (one fixed "random" token gives the right
+# share); each must stay below df + 6·sqrt(2·df), which a fair draw exceeds about once in a million.
+# And tokens a few places apart must be selected together no more often than independent draws
+# allow (selecting every 7th token gives the right average and even columns).
 _SPECIAL = (0, 101, 102, 103)
 _MASK, _VOCAB = 103, 30522
-_TOL_SELECT, _TOL_SHARE = 0.01, 0.015
+_TOL_SELECT, _TOL_SHARE = 0.0035, 0.006
+_BUCKETS = 16
 
 
 def _batch() -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, _VOCAB, (1200, 256), generator=g)
+    ids = torch.randint(1000, _VOCAB, (2400, 256), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
     ids[::2, -50:] = 0  # padding
     return ids
 
 
+def _chi2_too_large(observed: torch.Tensor, expected: torch.Tensor, variance: torch.Tensor) -> bool:
+    """sum (o - e)^2 / var over the bins, against df + 6 sqrt(2 df) (df = bins - 1)."""
+    stat = ((observed - expected) ** 2 / variance).sum().item()
+    df = observed.numel() - 1
+    return stat > df + 6 * (2 * df) ** 0.5
+
+
+def _lagged_pattern(selected: torch.Tensor, eligible: torch.Tensor, lags=range(1, 17)) -> bool:
+    """Whether two eligible tokens `lag` apart along the flattened batch are both selected more or
+    less often than independent draws allow (|z| > 6 at some lag): every 7th token is selected
+    with the right average, but two tokens 7 apart always together."""
+    s = selected.double()
+    for lag in lags:
+        both = eligible[:-lag] & eligible[lag:]
+        m = int(both.sum())
+        p = s[:-lag][both].mean().item()
+        pairs = (s[:-lag] * s[lag:])[both].mean().item()
+        if abs(pairs - p * p) > 6 * (p * p * (1 - p * p) / m) ** 0.5:
+            return True
+    return False
+
+
 def check_mlm_corrupt(fn) -> CheckReport:
     """fn(input_ids, mask_token_id, vocab_size, special_token_ids, generator) must select ~15% of the
-    non-special tokens, turn 80% of those into [MASK], 10% into a random token, leave 10%, and
-    return labels holding the original id at selected positions and -100 elsewhere."""
+    non-special tokens, at every position alike, turn 80% of those into [MASK], 10% into a random
+    non-special token (any of them, evenly), leave 10%, take every draw from `generator`, and return
+    labels holding the original id at selected positions and -100 elsewhere."""
     name = "Exercise 2.2 (80/10/10 corruption)"
     ids = _batch()
     original = ids.clone()
-    case = "a batch of 300k tokens with [CLS], [SEP] and padding"
-    out, report = call_learner(name, fn, (ids, _MASK, _VOCAB, list(_SPECIAL), torch.Generator().manual_seed(1)), case, 6)
+    case = "a batch of 614,400 tokens with [CLS], [SEP] and padding"
+    n_checks = 9
+    out, report = call_learner(name, fn, (ids, _MASK, _VOCAB, list(_SPECIAL), torch.Generator().manual_seed(1)), case,
+                               n_checks)
     if report is not None:
         return report
 
     def fail(problem, hint=None):
-        return CheckReport(name, False, 6, case, problem, hint)
+        return CheckReport(name, False, n_checks, case, problem, hint)
 
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
         return fail(f"returned {type(out).__name__}, expected a tuple (corrupted_ids, labels)")
@@ -96,8 +130,15 @@ def check_mlm_corrupt(fn) -> CheckReport:
                     "change only selected positions, and give every selected position its label")
     share = selected.sum().item() / (~special).sum().item()
     if abs(share - 0.15) > _TOL_SELECT:
-        return fail(f"{share:.1%} of the non-special tokens were selected, expected 15%",
+        return fail(f"{share:.2%} of the non-special tokens were selected, expected 15%",
                     "select with torch.rand(shape, generator=generator) < 0.15, excluding special tokens")
+    per_position = (~special).sum(0).double()  # (T,): how many non-special tokens each position holds
+    at = per_position > 0
+    if _chi2_too_large(selected.sum(0).double()[at], 0.15 * per_position[at], 0.15 * 0.85 * per_position[at]) \
+            or _lagged_pattern(selected.flatten(), (~special).flatten()):
+        return fail("the share selected differs from position to position, far beyond chance",
+                    "draw one independent number per token: torch.rand(input_ids.shape, generator=generator) < 0.15, "
+                    "not a pattern over positions")
     n = selected.sum().item()
     masked = (selected & (corrupted == _MASK)).sum().item() / n
     unchanged = (selected & (corrupted == ids)).sum().item() / n
@@ -106,4 +147,26 @@ def check_mlm_corrupt(fn) -> CheckReport:
         return fail(f"of the selected tokens {masked:.1%} became [MASK], {randomised:.1%} random, {unchanged:.1%} unchanged; "
                     "expected 80% / 10% / 10%",
                     "draw one number per selected token: below 0.8 -> [MASK], 0.8 to 0.9 -> a random id, else keep it")
-    return CheckReport(name, True, 6)
+    replaced = corrupted[selected & (corrupted != _MASK) & (corrupted != ids)]  # the random replacements
+    if bool(torch.isin(replaced, torch.tensor(_SPECIAL)).any()):
+        return fail("a random replacement is a special token ([PAD], [CLS], [SEP] or [MASK])",
+                    "draw random ids from the non-special vocabulary only, as lib.bert.mlm_corrupt does")
+    allowed = torch.ones(_VOCAB, dtype=torch.bool)
+    allowed[list(_SPECIAL)] = False
+    rank = torch.cumsum(allowed, 0) - 1  # each non-special id's place among them
+    n_ids = int(allowed.sum())
+    bucket = torch.div(rank[replaced] * _BUCKETS, n_ids, rounding_mode="floor")
+    counts = torch.bincount(bucket, minlength=_BUCKETS).double()
+    size = torch.bincount(torch.div(torch.arange(n_ids) * _BUCKETS, n_ids, rounding_mode="floor"),
+                          minlength=_BUCKETS).double() / n_ids  # each range's share of the ids
+    if _chi2_too_large(counts, size * len(replaced), size * len(replaced)):
+        return fail("the random replacements are not spread evenly over the vocabulary",
+                    "draw each random id independently and uniformly from the non-special ids, e.g. "
+                    "candidates[torch.randint(len(candidates), shape, generator=generator)]")
+    again = fn(ids, _MASK, _VOCAB, list(_SPECIAL), torch.Generator().manual_seed(1))
+    other = fn(ids, _MASK, _VOCAB, list(_SPECIAL), torch.Generator().manual_seed(2))
+    if not (torch.equal(again[0], corrupted) and torch.equal(again[1], labels)) or torch.equal(other[1], labels):
+        return fail("the result does not follow the generator: the same seed must give the same corruption, "
+                    "another seed another one",
+                    "pass generator=generator to every torch.rand / torch.randint call (not the global random state)")
+    return CheckReport(name, True, n_checks)

@@ -48,7 +48,8 @@ def check_kv_cache_bytes(fn) -> CheckReport:
 
 
 def check_cache_update(fn) -> CheckReport:
-    """fn(k_cache, v_cache, start, k, v) must write k, v at start.. in place and return (B, H_kv, start+T, D) views."""
+    """fn(k_cache, v_cache, start, k, v) must write k, v at start.. in place and return (B, H_kv, start+T, D)
+    views of the caches (sharing their storage, as KVCache.update's do)."""
     name = "Exercise 4.2 (writing into the cache)"
     g = torch.Generator().manual_seed(0)
     B, H_kv, S_max, D = 2, 3, 12, 4
@@ -56,6 +57,7 @@ def check_cache_update(fn) -> CheckReport:
              ("decode: one position at 6", 6, 1), ("three more positions from 7", 7, 3)]
     ours = KVCache(B, H_kv, S_max, D)
     k_cache, v_cache = torch.zeros(B, H_kv, S_max, D), torch.zeros(B, H_kv, S_max, D)
+    copied = None  # the first step whose result did not share the caches' storage
     for case, start, T in steps:
         k, v = torch.randn(B, H_kv, T, D, generator=g), torch.randn(B, H_kv, T, D, generator=g)
         expected = ours.update(start, k, v)
@@ -77,4 +79,12 @@ def check_cache_update(fn) -> CheckReport:
             return fail(f"returned keys of shape {tuple(got[0].shape)}, expected {tuple(expected[0].shape)}", hint)
         if not (torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])):
             return fail("wrong values returned", "did you swap k and v, or return a stale copy?")
+        if copied is None and not all(t.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
+                                      for t, cache in zip(got, (k_cache, v_cache))):
+            copied = case  # right values, but not the cache's own memory: reported once the values all pass
+    if copied is not None:
+        return CheckReport(name, False, len(steps), copied,
+                           "the returned tensors are copies: attention should read the cache itself",
+                           "return views, k_cache[:, :, :start + T], not .clone() or torch.cat of the pieces: "
+                           "copying the whole cache at every step is the O(S) cost the cache exists to avoid")
     return CheckReport(name, True, len(steps))

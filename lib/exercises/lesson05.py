@@ -97,6 +97,7 @@ _BOUNDS = [
     ("causal, BLOCK_M = 64, BLOCK_N = 32", (1, 256, 64, 32, True)),
     ("causal, BLOCK_M = 32, BLOCK_N = 64 (a key block wider than the query block)", (3, 256, 32, 64, True)),
     ("causal, ragged last query block, T = 200", (3, 200, 64, 64, True)),
+    ("causal, ragged last query block, narrow key blocks: T = 200, BLOCK_N = 16", (3, 200, 64, 16, True)),
     ("T = 1", (0, 1, 64, 64, True)),
 ]
 

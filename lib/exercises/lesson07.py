@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lib.exercises import CheckReport, call_learner
@@ -95,7 +97,9 @@ def check_expert_capacity(fn) -> CheckReport:
     name = "Exercise 7.3 (expert capacity)"
     cases = [("4096 tokens, 8 experts, top-2, C = 1.0", (4096, 8, 2, 1.0)),
              ("C = 1.25", (4096, 8, 2, 1.25)), ("a fraction to round up: 10 tokens, 3 experts, top-1", (10, 3, 1, 1.0)),
-             ("C = 2.0, top-1, 64 experts", (1000, 64, 1, 2.0))]
+             ("top-2 on a fraction: 10 tokens, 3 experts, top-2", (10, 3, 2, 1.0)),
+             ("C = 2.0, top-1, 64 experts", (1000, 64, 1, 2.0)),
+             ("C = 1.1, exactly 11 slots: 100 tokens, 10 experts, top-1", (100, 10, 1, 1.1))]
     for case, args in cases:
         got, report = call_learner(name, fn, args, case, len(cases))
         if report is not None:
@@ -108,6 +112,12 @@ def check_expert_capacity(fn) -> CheckReport:
             N, E, k, C = args
             if got == int(C * N * k / E):
                 hint = "round up, not down: a fraction of a slot still needs the slot (math.ceil)"
+            elif got == math.ceil(C * N * k / E):
+                hint = (f"float rounding: {C} is not exactly {C} in binary, so {C} · {N} · {k} / {E} comes out as "
+                        f"{C * N * k / E!r} and rounds up one slot too many; keep the decimal value, "
+                        "e.g. fractions.Fraction(str(capacity_factor))")
+            elif got == math.ceil(C * N / E) * k:
+                hint = "multiply by k before rounding up: ceil(C · N · k / E), not ceil(C · N / E) · k"
             elif got * k == expected or got == expected * k:
                 hint = "every token makes k assignments: capacity = ceil(C · N · k / E)"
             else:
