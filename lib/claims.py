@@ -12,10 +12,23 @@ executed notebooks and writes the book's ledger, so the ledger is generated, nev
 verdict is decided by code from the measured numbers, and the evidence is a string the cell
 formats from them.
 
-Verdicts: "reproduced" and "contradicted" (measured here), "not reproduced at this scale" (measured
-here, where the claim does not show, but about a scale the course cannot reach; the evidence
-states the scale measured, and a larger run could still find it), "needs a GPU" (the claim is about
-GPU speed or memory; the evidence says what would reproduce it), "not measurable here" (say why).
+Verdicts, each from the helper that decides it, never typed:
+
+    reproduced_if(holds)                      "reproduced" or "contradicted": measured here
+    reproduced_if(holds, otherwise=SCALE)     ... or "not reproduced at this scale": the claim is about
+                                              models or runs larger than the course makes; the
+                                              evidence states the scale measured
+    partly_reproduced_if(every, some)         "reproduced" when every part holds, "partly reproduced"
+                                              when some do, else "contradicted": a range checked at
+                                              both ends, or every point of a domain judged
+    arithmetic_if(holds)                      "arithmetic" or "contradicted": an identity the cell
+                                              computes (a product of published sizes), not an
+                                              observation
+    needs_gpu(reason) / not_measurable(reason) a capability this machine lacks, and why
+
+`claim()` takes only what these return (a `Verdict`), so a literal string cannot stand in for a
+measurement; tests/test_project.py also checks, over the lessons, that no cell asserts a claim's
+own condition before registering it (a failing measurement must be recorded, not crash the cell).
 `REQUIRED` lists the claims the course promises to check; the build fails without each of them.
 """
 
@@ -28,14 +41,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["MIMETYPE", "REQUIRED", "VERDICTS", "Claim", "check_required", "claim", "claims_in_notebook", "registered",
-           "reproduced_if", "verdict_summary"]
+__all__ = ["MIMETYPE", "REQUIRED", "SCALE", "VERDICTS", "Claim", "Verdict", "arithmetic_if", "check_required", "claim",
+           "claims_in_notebook", "needs_gpu", "not_measurable", "partly_reproduced_if", "registered", "reproduced_if",
+           "verdict_summary"]
 
 MIMETYPE = "application/vnd.onemask.claim+json"
-VERDICTS = ("reproduced", "contradicted", "not reproduced at this scale", "needs a GPU", "not measurable here")
+SCALE = "not reproduced at this scale"
+VERDICTS = ("reproduced", "partly reproduced", "contradicted", SCALE, "arithmetic", "needs a GPU",
+            "not measurable here")
 _ID = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
-_MARK = {"reproduced": "✔", "contradicted": "✘", "not reproduced at this scale": "≁", "needs a GPU": "⚙",
-         "not measurable here": "–"}
+_MARK = {"reproduced": "✔", "partly reproduced": "◐", "contradicted": "✘", SCALE: "≁", "arithmetic": "=",
+         "needs a GPU": "⚙", "not measurable here": "–"}
+
+
+class Verdict(str):
+    """A verdict as one of the helpers below decided it (a str subclass `claim` requires)."""
+
+    __slots__ = ()
+
+
+def _verdict(value: str) -> Verdict:
+    assert value in VERDICTS, value
+    return Verdict(value)
 
 # The claims the course must check, by id: a lesson that drops one fails tests/test_claims.py.
 REQUIRED: tuple[str, ...] = (
@@ -90,7 +117,9 @@ class Claim:
         extra = [k for k in data if k not in fields]
         if missing or extra:
             raise ValueError(f"a claim record has exactly the fields {fields}; missing {missing}, unexpected {extra}")
-        return claim(data["id"], data["statement"], source=data["source"], verdict=data["verdict"],
+        if data["verdict"] not in VERDICTS:
+            raise ValueError(f"claim verdict must be one of {VERDICTS}, got {data['verdict']!r}")
+        return claim(data["id"], data["statement"], source=data["source"], verdict=_verdict(data["verdict"]),
                      evidence=data["evidence"])
 
     def __str__(self) -> str:
@@ -112,13 +141,15 @@ def claim(id: str, statement: str, *, source: str, verdict: str, evidence: str) 
 
     id: a short kebab-case name, unique across the course (e.g. "kv-cache-7b-34gb").
     statement: the claim as its source states it. source: who states it (article, paper, lesson).
-    verdict: one of VERDICTS, decided by code from the measurement (see `reproduced_if`).
+    verdict: what `reproduced_if`, `partly_reproduced_if`, `arithmetic_if`, `needs_gpu` or
+      `not_measurable` returned for the measurement (a literal string is refused).
     evidence: what was measured, formatted from the cell's values (never typed numbers).
     """
     if not isinstance(id, str) or not _ID.match(id):
         raise ValueError(f"claim id must be lower-case kebab-case like 'kv-cache-7b-34gb', got {id!r}")
-    if verdict not in VERDICTS:
-        raise ValueError(f"claim verdict must be one of {VERDICTS}, got {verdict!r}")
+    if not isinstance(verdict, Verdict):
+        raise TypeError(f"claim verdict must be decided by reproduced_if, partly_reproduced_if, arithmetic_if, "
+                        f"needs_gpu or not_measurable from the measurement, not given as {verdict!r}")
     made = Claim(id, _text("statement", statement), _text("source", source, max_len=200), verdict,
                  _text("evidence", evidence))
     _REGISTERED[id] = made
@@ -151,19 +182,57 @@ def verdict_summary(timed: Iterable[str] = ()) -> str:
     lines = []
     for c in _REGISTERED.values():
         mark, verdict = ("⏱", "timed on this CPU") if c.id in timed else (_MARK[c.verdict], c.verdict)
-        lines.append(f"{mark} {verdict:20s} {c.id}")
+        lines.append(f"{mark} {verdict:28s} {c.id}")
     return "\n".join(lines)
 
 
-def reproduced_if(holds: Any, *, otherwise: str = "contradicted") -> str:
-    """"reproduced" when the measured condition holds, else `otherwise`: "contradicted", or "not
-    reproduced at this scale" for a claim about models or runs larger than the course can make
-    (the evidence must then state the scale it measured)."""
+def _condition(name: str, holds: Any) -> bool:
     if holds is None or isinstance(holds, (str, bytes)):
-        raise TypeError(f"reproduced_if needs the measured condition (a bool), got {holds!r}")
-    if otherwise not in ("contradicted", "not reproduced at this scale"):
-        raise ValueError(f"otherwise must be 'contradicted' or 'not reproduced at this scale', got {otherwise!r}")
-    return "reproduced" if bool(holds) else otherwise
+        raise TypeError(f"{name} needs the measured condition (a bool), got {holds!r}")
+    return bool(holds)
+
+
+def reproduced_if(holds: Any, *, otherwise: str = "contradicted") -> Verdict:
+    """"reproduced" when the measured condition holds, else `otherwise`: "contradicted", or SCALE
+    ("not reproduced at this scale") for a claim about models or runs larger than the course can
+    make (the evidence must then state the scale it measured)."""
+    if otherwise not in ("contradicted", SCALE):
+        raise ValueError(f"otherwise must be 'contradicted' or '{SCALE}', got {otherwise!r}")
+    return _verdict("reproduced" if _condition("reproduced_if", holds) else otherwise)
+
+
+def partly_reproduced_if(every: Any, some: Any) -> Verdict:
+    """"reproduced" when every part of the claim holds (a range at both ends, every measured point of
+    its domain), "partly reproduced" when only some do, "contradicted" when none does."""
+    every, some = _condition("partly_reproduced_if", every), _condition("partly_reproduced_if", some)
+    if every and not some:
+        raise ValueError("partly_reproduced_if: every part holds but not some: pass the two measured conditions")
+    return _verdict("reproduced" if every else "partly reproduced" if some else "contradicted")
+
+
+def arithmetic_if(holds: Any) -> Verdict:
+    """"arithmetic" when the computed identity holds (a claim true by multiplying published sizes,
+    which the cell recomputes), "contradicted" when the source's arithmetic is wrong."""
+    return _verdict("arithmetic" if _condition("arithmetic_if", holds) else "contradicted")
+
+
+def _reason(name: str, reason: Any) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise TypeError(f"{name} needs the reason this machine cannot measure the claim, got {reason!r}")
+    return reason
+
+
+def needs_gpu(reason: str) -> Verdict:
+    """"needs a GPU": the claim is about a GPU's speed or memory, which this machine lacks; `reason`
+    says which GPU and what would measure it (the evidence repeats it)."""
+    _reason("needs_gpu", reason)
+    return _verdict("needs a GPU")
+
+
+def not_measurable(reason: str) -> Verdict:
+    """"not measurable here": nothing the course can run decides the claim; `reason` says why."""
+    _reason("not_measurable", reason)
+    return _verdict("not measurable here")
 
 
 def claims_in_notebook(notebook: dict | str | Path) -> list[tuple[int, Claim]]:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lib.claims import (MIMETYPE, REQUIRED, VERDICTS, Claim, check_required, claim, claims_in_notebook,
-                        reproduced_if)
+from lib.claims import (MIMETYPE, REQUIRED, SCALE, VERDICTS, Claim, arithmetic_if, check_required, claim,
+                        claims_in_notebook, needs_gpu, not_measurable, partly_reproduced_if, reproduced_if)
+from lib.claims import _verdict  # tests build every verdict directly; lessons go through the helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("build_claims", ROOT / "tools" / "build_claims.py")
@@ -19,7 +20,7 @@ _spec.loader.exec_module(build_claims)
 
 
 def example(**changes) -> Claim:
-    fields = dict(statement="A 7B model's cache is 34.35 GB", source="the seed article", verdict="reproduced",
+    fields = dict(statement="A 7B model's cache is 34.35 GB", source="an article", verdict=reproduced_if(True),
                   evidence="measured 34.36 GB")
     fields.update(changes)
     return claim(changes.pop("id", "kv-cache-7b-34gb"), **{k: v for k, v in fields.items() if k != "id"})
@@ -27,20 +28,37 @@ def example(**changes) -> Claim:
 
 def test_claim_accepts_each_verdict_and_normalises_whitespace():
     for verdict in VERDICTS:
-        c = example(verdict=verdict, evidence="two\n  lines")
+        c = example(verdict=_verdict(verdict), evidence="two\n  lines")
         assert c.verdict == verdict and c.evidence == "two lines"
 
 
-@pytest.mark.parametrize("verdict", ["Reproduced", "ok", "needs a gpu", "", None, True])
-def test_claim_rejects_an_unknown_verdict_by_name(verdict):
-    with pytest.raises(ValueError, match="verdict must be one of"):
+@pytest.mark.parametrize("verdict", ["reproduced", "contradicted", "needs a GPU", "Reproduced", "ok", "", None, True])
+def test_claim_refuses_a_verdict_the_measurement_did_not_decide(verdict):
+    """A literal, even a valid one, is refused: verdicts come from the helpers that take the measurement."""
+    with pytest.raises(TypeError, match="must be decided by reproduced_if"):
         example(verdict=verdict)
+
+
+def test_each_helper_decides_its_verdicts_from_the_measurement():
+    assert (partly_reproduced_if(True, True), partly_reproduced_if(False, True), partly_reproduced_if(False, False)) \
+        == ("reproduced", "partly reproduced", "contradicted")
+    with pytest.raises(ValueError, match="every part holds but not some"):
+        partly_reproduced_if(True, False)
+    assert arithmetic_if(2 * 7 == 14) == "arithmetic" and arithmetic_if(2 * 7 == 15) == "contradicted"
+    assert needs_gpu("an A100 to time") == "needs a GPU" and not_measurable("no model is large enough") \
+        == "not measurable here"
+    for helper in (needs_gpu, not_measurable):
+        with pytest.raises(TypeError, match="reason"):
+            helper("  ")
+    for helper in (arithmetic_if, lambda x: partly_reproduced_if(x, True)):
+        with pytest.raises(TypeError, match="measured condition"):
+            helper(None)
 
 
 @pytest.mark.parametrize("bad_id", ["KV cache", "kv_cache", "-kv", "kv-", "", 7, "kv--cache"])
 def test_claim_rejects_an_id_that_is_not_kebab_case(bad_id):
     with pytest.raises(ValueError, match="kebab-case"):
-        claim(bad_id, "s", source="s", verdict="reproduced", evidence="e")
+        claim(bad_id, "s", source="s", verdict=reproduced_if(True), evidence="e")
 
 
 def test_claim_rejects_empty_or_non_text_fields():
@@ -51,12 +69,12 @@ def test_claim_rejects_empty_or_non_text_fields():
     with pytest.raises(ValueError, match="under 600"):
         example(evidence="x" * 601)
     with pytest.raises(TypeError):
-        claim("a", "s", "source given positionally", "reproduced", "e")  # keyword-only
+        claim("a", "s", "source given positionally", reproduced_if(True), "e")  # keyword-only
 
 
 def test_reproduced_if_decides_from_the_condition_and_refuses_non_conditions():
     assert reproduced_if(3 < 4) == "reproduced" and reproduced_if(0.5 > 1) == "contradicted"
-    scale = "not reproduced at this scale"
+    scale = SCALE
     assert reproduced_if(0.5 > 1, otherwise=scale) == scale and reproduced_if(3 < 4, otherwise=scale) == "reproduced"
     with pytest.raises(ValueError, match="otherwise must be 'contradicted' or 'not reproduced at this scale'"):
         reproduced_if(True, otherwise="needs a GPU")  # a capability, not an outcome of the measurement
@@ -127,11 +145,11 @@ def test_ledger_build_fails_loudly_without_a_required_claim(tmp_path):
 def test_verdict_summary_lists_each_claim_made_in_this_process_once_with_its_latest_verdict():
     from lib.claims import registered, verdict_summary
 
-    claim("test-verdicts-a", "A holds", source="test", verdict="reproduced", evidence="measured a")
-    claim("test-verdicts-b", "B holds", source="test", verdict="contradicted", evidence="measured b")
-    claim("test-verdicts-a", "A holds", source="test", verdict="contradicted", evidence="measured again")
+    claim("test-verdicts-a", "A holds", source="test", verdict=reproduced_if(True), evidence="measured a")
+    claim("test-verdicts-b", "B holds", source="test", verdict=reproduced_if(False), evidence="measured b")
+    claim("test-verdicts-a", "A holds", source="test", verdict=reproduced_if(False), evidence="measured again")
     lines = [line for line in verdict_summary().splitlines() if "test-verdicts" in line]
-    assert lines == ["✘ contradicted         test-verdicts-a", "✘ contradicted         test-verdicts-b"]
+    assert lines == ["✘ contradicted                 test-verdicts-a", "✘ contradicted                 test-verdicts-b"]
     assert [c.id for c in registered() if c.id.startswith("test-verdicts")] == ["test-verdicts-a", "test-verdicts-b"]
 
 
@@ -139,14 +157,14 @@ def test_verdict_summary_lists_timed_claims_without_their_verdict():
     """A verdict decided by wall time can flip on a busy machine: the compared summary names it only."""
     from lib.claims import verdict_summary
 
-    claim("test-timed-a", "A is slower", source="test", verdict="reproduced", evidence="1.3x the time")
-    claim("test-timed-b", "B is smaller", source="test", verdict="reproduced", evidence="half the bytes")
+    claim("test-timed-a", "A is slower", source="test", verdict=reproduced_if(True), evidence="1.3x the time")
+    claim("test-timed-b", "B is smaller", source="test", verdict=reproduced_if(True), evidence="half the bytes")
     lines = [line for line in verdict_summary(timed=["test-timed-a"]).splitlines() if "test-timed" in line]
-    assert lines == ["⏱ timed on this CPU    test-timed-a", "✔ reproduced           test-timed-b"]
+    assert lines == ["⏱ timed on this CPU            test-timed-a", "✔ reproduced                   test-timed-b"]
     before = verdict_summary(timed={"test-timed-a"})
-    claim("test-timed-a", "A is slower", source="test", verdict="contradicted", evidence="0.9x on a busy machine")
+    claim("test-timed-a", "A is slower", source="test", verdict=reproduced_if(False), evidence="0.9x on a busy machine")
     assert verdict_summary(timed={"test-timed-a"}) == before  # the flip does not show in the compared list
-    assert "✘ contradicted         test-timed-a" in verdict_summary()  # but does without `timed`
+    assert "✘ contradicted                 test-timed-a" in verdict_summary()  # but does without `timed`
     with pytest.raises(ValueError, match="not registered in this kernel.*'test-timed-zzz'"):
         verdict_summary(timed=["test-timed-zzz"])
     with pytest.raises(TypeError, match="collection of claim ids"):

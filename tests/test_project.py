@@ -278,3 +278,90 @@ def test_student_facing_text_cites_sources_by_title_and_never_mentions_how_the_c
     offending = {name: sorted(set(m.group(0) for m in _MAKING_OF.finditer(text)))
                  for name, text in _student_texts() if _MAKING_OF.search(text)}
     assert not offending, offending
+
+
+# A claim's verdict is decided by its measurement: a cell that asserted the claim's own condition
+# before registering it would crash on a failing measurement instead of recording "contradicted".
+_VERDICT_HELPERS = {"reproduced_if", "partly_reproduced_if", "arithmetic_if"}
+
+
+def _lesson_code(md: Path) -> str:
+    """Every code cell of a MyST lesson, concatenated in order (magics and shell lines dropped)."""
+    cells = re.findall(r"```\{code-cell\}[^\n]*\n(.*?)```", md.read_text(), re.S)
+    lines = [line for cell in cells for line in cell.splitlines() if not line.lstrip().startswith(("%", "!", ":"))]
+    return "\n".join(lines)
+
+
+def _conjuncts(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+        return [part for value in node.values for part in _conjuncts(value)]
+    return [node]
+
+
+def claim_conditions_asserted_first(source: str) -> list[str]:
+    """The conditions (or conjuncts of them) that an `assert` states before a claim decides its
+    verdict from the same expression."""
+    tree = ast.parse(source)
+    asserted = []  # (line, dump) of every assert's test and its conjuncts
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            asserted += [(node.lineno, ast.dump(part)) for part in _conjuncts(node.test)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in _VERDICT_HELPERS and node.args:
+            for part in (p for arg in node.args for p in _conjuncts(arg)):
+                if any(line < node.lineno and dump == ast.dump(part) for line, dump in asserted):
+                    found.append(ast.unparse(part))
+    return found
+
+
+@pytest.mark.parametrize("md", MDS, ids=lambda p: p.stem)
+def test_no_lesson_asserts_a_claims_own_condition_before_registering_it(md):
+    offending = claim_conditions_asserted_first(_lesson_code(md))
+    assert not offending, f"{md.name} asserts these claim conditions before the claim records them: {offending}"
+
+
+def test_the_claim_lint_finds_an_asserted_condition_and_a_literal_verdict_is_refused():
+    cell = ("err = 3e-6\nassert err <= 1e-5\nclaim('x', 's', source='s', verdict=reproduced_if(err <= 1e-5), "
+            "evidence='e')\nassert 3 < g < 5 and c < 1\nv = reproduced_if(3 < g < 5 and d)")
+    assert sorted(claim_conditions_asserted_first(cell)) == ["3 < g < 5", "err <= 1e-05"]
+    assert claim_conditions_asserted_first("v = reproduced_if(err <= 1e-5)\nassert err <= 1e-5") == []  # after: fine
+    from lib.claims import claim
+
+    with pytest.raises(TypeError, match="must be decided by reproduced_if"):
+        claim("x", "s", source="s", verdict="reproduced", evidence="e")
+
+
+# A verdict read from a committed benchmark record names the record and the machine it ran on, so a
+# reader can tell a measurement made on another machine from one this page made.
+def claims_from_records_without_provenance(md_text: str) -> list[str]:
+    """The claim cells that use a `load_record`ed record without naming its file
+    (benchmarks/<name>.json) and reading its machine (record['machine'] or record['device'])."""
+    cells = re.findall(r"```\{code-cell\}[^\n]*\n(.*?)```", md_text, re.S)
+    records = dict(re.findall(r"(\w+) = load_record\([\"'](\w+)[\"']\)", md_text))
+    found = []
+    for cell in cells:
+        if "claim(" not in cell:
+            continue
+        for var, name in records.items():
+            if not re.search(rf"\b{var}\b", cell):
+                continue
+            names_file = f"benchmarks/{name}.json" in cell
+            names_machine = re.search(rf"\b{var}\[[\"'](machine|device)[\"']\]", cell)
+            if not (names_file and names_machine):
+                found.append(f"{name} (file named: {names_file}, machine read: {bool(names_machine)})")
+    return found
+
+
+@pytest.mark.parametrize("md", MDS, ids=lambda p: p.stem)
+def test_a_verdict_from_a_committed_record_names_the_record_and_its_machine(md):
+    offending = claims_from_records_without_provenance(md.read_text())
+    assert not offending, f"{md.name}: claims decided from these records do not say where they come from: {offending}"
+
+
+def test_the_record_provenance_lint_finds_a_claim_without_the_file_or_machine():
+    head = "```{code-cell} ipython3\ngpu = load_record(\"attention_gpu\")\n```\n"
+    bare = head + "```{code-cell} ipython3\nclaim('x', verdict=reproduced_if(gpu['rows']), evidence=f\"{gpu['device']}\")\n```\n"
+    named = bare.replace("evidence=f\"", "evidence=f\"benchmarks/attention_gpu.json, ")
+    assert claims_from_records_without_provenance(bare) == ["attention_gpu (file named: False, machine read: True)"]
+    assert claims_from_records_without_provenance(named) == []

@@ -50,10 +50,14 @@ def render(notebooks: list[Path]) -> str:
         "Every quantitative claim of the course's source articles, and the lessons' own, that a lesson "
         "cell measures. Each row was registered by that cell with `lib.claims.claim`: the verdict is "
         "decided by code from the cell's measurement, and the evidence is formatted from the measured "
-        "values, so nothing here is typed by hand. *Not reproduced at this scale* means the measurement "
+        "values, so nothing here is typed by hand. *Partly reproduced* means the claim holds over part "
+        "of its stated range or domain and not the rest; the evidence gives every measured point. "
+        "*Not reproduced at this scale* means the measurement "
         "does not show the claim in the course's small models or short runs, which the evidence states, "
-        "while the claim is about larger ones. *Needs a GPU* means this machine cannot measure the "
-        "claim; the evidence says what would.",
+        "while the claim is about larger ones. *Arithmetic* marks an identity the cell recomputes from "
+        "published sizes (a product, not an observation). *Needs a GPU* means this machine cannot "
+        "measure the claim; the evidence says what would. A verdict read from a committed benchmark "
+        "record names the record and the machine it was measured on.",
         "",
         f"{len(rows)} claims: {counts}. The {len(REQUIRED)} claims the course promises to check are all present.",
         "",
