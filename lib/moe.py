@@ -496,7 +496,8 @@ class MoETrainRecord:
     z_loss: list[float] = field(default_factory=list)
     drop_rate: list[float] = field(default_factory=list)  # mean over layers
     dead_experts: list[int] = field(default_factory=list)  # (layer, expert) pairs that got no token this step
-    load: torch.Tensor | None = None  # (steps, L, E): share of each layer's assignments per expert
+    load: torch.Tensor | None = None  # (steps, L, E): f, the share of each layer's assignments per expert
+    prob: torch.Tensor | None = None  # (steps, L, E): P, each layer's mean router probability per expert
     seconds: float = 0.0
     model: nn.Module | None = field(default=None, repr=False)  # the trained model, in eval mode
     data: torch.Tensor | None = field(default=None, repr=False)  # the token stream it trained on
@@ -508,6 +509,28 @@ class MoETrainRecord:
     def imbalance(self) -> list[float]:
         """Per step: the busiest expert's load over the even share 1/E, averaged over layers (1 = even)."""
         return (self.load.max(dim=-1).values * self.num_experts).mean(dim=-1).tolist()
+
+    @property
+    def prob_imbalance(self) -> list[float]:
+        """Per step: the largest mean router probability P_i over the even 1/E, averaged over layers.
+        The aux loss E·Σ f_i P_i equals K whenever P is flat, whatever the load f: a run can reach
+        the loss's floor with this at 1 and `imbalance` well above it."""
+        return (self.prob.max(dim=-1).values * self.num_experts).mean(dim=-1).tolist()
+
+    def summary(self, last: int = 10) -> dict[str, float]:
+        """The last `last` steps, averaged: main loss, aux loss, busiest expert's load f over the even
+        share ("busiest"), largest mean probability P over the even share ("busiest_prob"), dead
+        (layer, expert) pairs per step."""
+        require_int("last", last, minimum=1)
+        if last > len(self.loss):
+            raise ValueError(f"last must be <= the {len(self.loss)} recorded steps, got {last}")
+        n = last
+
+        def mean(xs):
+            return sum(xs[-n:]) / n
+
+        return dict(main=mean(self.loss), aux=mean(self.aux_loss), busiest=mean(self.imbalance),
+                    busiest_prob=mean(self.prob_imbalance), dead=mean(self.dead_experts))
 
     def final_load(self, last: int = 10) -> torch.Tensor:
         """(L, E) load averaged over the last `last` steps."""
@@ -557,7 +580,7 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
     probe = data[:seq_len].unsqueeze(0)  # (1, T): one fixed window, routed every `probe_every` steps
     if vocab is not None:
         record.tokens = list(vocab.decode(probe[0].tolist()))
-    loads = []
+    loads, probs = [], []
     start = time.perf_counter()
     model.train()
     for step in range(steps):
@@ -573,6 +596,8 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
         opt.step()
         stats = [m.moe.last_stats for m in model.modules() if isinstance(m, MoEFeedForward)]
         loads.append(torch.stack([s.load for s in stats]).float())  # (L, E)
+        probs.append(torch.stack([F.softmax(lg.detach(), dim=-1, dtype=_softmax_dtype(lg)).mean(dim=0)
+                                  for lg in logits]).float())  # (L, E): P, what the aux loss sees
         record.loss.append(ce.item())
         record.aux_loss.append(aux.item())
         record.z_loss.append(z.item())
@@ -584,9 +609,9 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
             record.assignments.append(router_logits_of(model)[0].argmax(dim=-1).tolist())  # (T,) layer 0
             record.assignment_steps.append(step)
         if on_step is not None:
-            record.load = torch.stack(loads)  # (step + 1, L, E)
+            record.load, record.prob = torch.stack(loads), torch.stack(probs)  # (step + 1, L, E)
             on_step(step, record)
-    record.load = torch.stack(loads)  # (steps, L, E)
+    record.load, record.prob = torch.stack(loads), torch.stack(probs)  # (steps, L, E)
     record.seconds = time.perf_counter() - start
     record.model = model.eval()
     return record

@@ -252,6 +252,14 @@ def test_train_moe_lm_records_load_per_step_and_is_reproducible():
     assert a.load.shape == (3, 1, 4)
     torch.testing.assert_close(a.load.sum(-1), torch.ones(3, 1))
     assert len(a.imbalance) == 3 and all(i >= 1.0 for i in a.imbalance)
+    # P is the mean router probability the aux loss sees: with one layer and no capacity, each step's
+    # aux loss is E·Σ f_i P_i with f = load·K (fp32 record of float32 training: relative 1e-5)
+    assert a.prob.shape == (3, 1, 4)
+    torch.testing.assert_close(a.prob.sum(-1), torch.ones(3, 1))
+    for s in range(3):
+        f, P = a.load[s, 0] * 2, a.prob[s, 0]
+        assert math.isclose(a.aux_loss[s], 4 * float((f * P).sum()), rel_tol=1e-5)
+    assert len(a.prob_imbalance) == 3 and all(i >= 1.0 for i in a.prob_imbalance)
     # the probe is routed at steps 0 and the last, first-choice experts of layer 0, without changing training
     assert a.assignment_steps == [0, 2] and len(a.assignments) == 2 and len(a.assignments[0]) == 8
     assert all(0 <= e < 4 for row in a.assignments for e in row) and len(a.tokens) == 8

@@ -241,3 +241,36 @@ def test_widget_imports_no_model_code():
     modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in modules if m == "lib" or m.startswith("lib.") or m == "torch"]
+
+
+def test_balance_figure_draws_f_and_P_apart_exactly():
+    from widgets.router_view import balance_figure
+
+    curves = {"α = 0": {"steps": [0, 10, 20], "busiest": [1.0, 1.8, 2.3], "busiest_prob": [1.0, 1.4, 1.6]},
+              "α = 1": {"steps": [0, 10, 20], "busiest": [1.0, 1.7, 1.71], "busiest_prob": [1.0, 1.01, 1.001]}}
+    fig = balance_figure(curves)
+    assert [(t.name, t.xaxis) for t in fig.data] == [("α = 0", "x"), ("α = 0", "x2"), ("α = 1", "x"), ("α = 1", "x2")]
+    for t, (name, key) in zip(fig.data, [("α = 0", "busiest"), ("α = 0", "busiest_prob"), ("α = 1", "busiest"),
+                                         ("α = 1", "busiest_prob")]):
+        assert list(t.x) == [0, 10, 20] and list(t.y) == curves[name][key]
+    assert [s.y0 for s in fig.layout.shapes] == [1.0, 1.0]  # the even share in both panels
+    # a record object gives every step of its imbalance and prob_imbalance
+    rec = SimpleNamespace(imbalance=[1.0, 2.0], prob_imbalance=[1.0, 1.5])
+    one = balance_figure({"run": rec})
+    assert list(one.data[0].y) == [1.0, 2.0] and list(one.data[1].y) == [1.0, 1.5] and list(one.data[0].x) == [0, 1]
+    single = balance_figure({"x": {"steps": [5], "busiest": [1.2], "busiest_prob": [1.1]}})
+    assert single.data[0].mode == "markers"  # one step: nothing to join
+
+
+@pytest.mark.parametrize("curves,words", [
+    ({}, "non-empty mapping"),
+    ({"a": {"steps": [0], "busiest": [1.0]}}, "'busiest_prob'"),
+    ({"a": {"steps": [0, 1], "busiest": [1.0], "busiest_prob": [1.0, 1.0]}}, "1-D of one length"),
+    ({"a": {"steps": [0], "busiest": [0.5], "busiest_prob": [1.0]}}, ">= 1"),
+    ({"a": {"steps": [0], "busiest": [float("nan")], "busiest_prob": [1.0]}}, "non-finite"),
+])
+def test_balance_figure_refuses_bad_curves(curves, words):
+    from widgets.router_view import balance_figure
+
+    with pytest.raises(ValueError, match=words):
+        balance_figure(curves)

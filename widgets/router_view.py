@@ -29,7 +29,7 @@ from plotly.subplots import make_subplots
 
 from widgets._render import OKABE_ITO, live_mimebundle, redraw
 
-__all__ = ["RouterView", "check_router_runs", "router_figure"]
+__all__ = ["RouterView", "balance_figure", "check_router_runs", "router_figure"]
 
 MAX_FRAMES = 40  # animation frames in the static figure: enough to watch, small enough for a page
 MAX_LINE_POINTS = 500  # over-training curves are drawn at most this many steps (evenly strided)
@@ -367,3 +367,49 @@ class RouterView:
 
     def _repr_mimebundle_(self, **kwargs):
         return live_mimebundle(self.widget, "RouterView", **kwargs)
+
+
+def balance_figure(curves: Mapping[str, Mapping], *, title: str | None = None) -> go.Figure:
+    """Load f and mean router probability P, drawn apart: for each run, the busiest expert's load
+    over the even share (left) and the largest mean probability over the even share (right), over
+    training. The aux loss E·Σ f_i P_i sits at its floor K whenever P is flat (right panel at 1),
+    whatever f does (left panel): the two panels show whether the balance is real.
+
+    curves: label -> {"steps": (n,), "busiest": (n,), "busiest_prob": (n,)}, each value >= 1
+    (a maximum over E shares that sum to 1 is at least 1/E; 1 = even). A run may be given as its
+    record (lib.moe.MoETrainRecord: `imbalance` and `prob_imbalance` are used, every step)."""
+    if not isinstance(curves, Mapping) or not curves:
+        raise ValueError("curves must be a non-empty mapping label -> {'steps', 'busiest', 'busiest_prob'}")
+    checked = {}
+    for name, c in curves.items():
+        if not isinstance(c, Mapping) and hasattr(c, "prob_imbalance"):
+            c = {"steps": list(range(len(c.imbalance))), "busiest": c.imbalance, "busiest_prob": c.prob_imbalance}
+        if not isinstance(c, Mapping) or any(k not in c for k in ("steps", "busiest", "busiest_prob")):
+            raise ValueError(f"curves[{name!r}] must be a dict with 'steps', 'busiest' and 'busiest_prob'")
+        arrays = {k: _as_array(f"curves[{name!r}][{k!r}]", c[k]) for k in ("steps", "busiest", "busiest_prob")}
+        n = arrays["steps"].shape
+        if len(n) != 1 or n[0] < 1 or any(a.shape != n for a in arrays.values()):
+            raise ValueError(f"curves[{name!r}]: 'steps', 'busiest' and 'busiest_prob' must be 1-D of one length "
+                             f"(>= 1), got {[a.shape for a in arrays.values()]}")
+        if (arrays["busiest"] < 1 - 1e-6).any() or (arrays["busiest_prob"] < 1 - 1e-6).any():
+            raise ValueError(f"curves[{name!r}]: a busiest share over the even share is >= 1, got a smaller value")
+        checked[str(name)] = arrays
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=["load f: busiest expert / even share", "router probability P: largest mean / even"])
+    top = 1.05 * max(max(a["busiest"].max(), a["busiest_prob"].max()) for a in checked.values())
+    for i, (name, a) in enumerate(checked.items()):
+        colour, dash = OKABE_ITO[i % len(OKABE_ITO)], DASHES[(i // len(OKABE_ITO)) % len(DASHES)]
+        mode = "lines" if a["steps"].size > 1 else "markers"
+        for col, key, what in ((1, "busiest", "busiest f"), (2, "busiest_prob", "largest P")):
+            fig.add_trace(go.Scatter(x=a["steps"].tolist(), y=_rounded(a[key]), mode=mode, name=name, legendgroup=name,
+                                     showlegend=col == 1, line={"color": colour, "dash": dash, "width": 2},
+                                     hovertemplate=f"{name}, step %{{x}}: {what} %{{y:.3g}}× even<extra></extra>"),
+                          row=1, col=col)
+    for col in (1, 2):
+        fig.add_hline(y=1.0, line={"dash": "dash", "color": "#000000", "width": 1.5}, row=1, col=col)
+        fig.update_yaxes(title_text="× the even share (1 = even)", range=[0.9, top], row=1, col=col)
+        fig.update_xaxes(title_text="training step", row=1, col=col)
+    fig.update_layout(title={"text": title or "Balanced in the loss's eyes (P) or in fact (f)?", "font": {"size": 13}},
+                      height=420, plot_bgcolor="white", legend={"title": {"text": "run"}},
+                      meta={"onemask": "balance_figure", "runs": list(checked)})
+    return fig
