@@ -513,8 +513,9 @@ class MoETrainRecord:
     @property
     def prob_imbalance(self) -> list[float]:
         """Per step: the largest mean router probability P_i over the even 1/E, averaged over layers.
-        The aux loss E·Σ f_i P_i equals K whenever P is flat, whatever the load f: a run can reach
-        the loss's floor with this at 1 and `imbalance` well above it."""
+        The aux loss E·Σ f_i P_i equals K whenever P is flat, whatever the load f: a run can read
+        the loss's even value K with this at 1 and `imbalance` well above it. (K is the value at
+        an even routing, not a minimum: an f that avoids the likelier experts reads below it.)"""
         return (self.prob.max(dim=-1).values * self.num_experts).mean(dim=-1).tolist()
 
     def summary(self, last: int = 10) -> dict[str, float]:
@@ -524,10 +525,8 @@ class MoETrainRecord:
         require_int("last", last, minimum=1)
         if last > len(self.loss):
             raise ValueError(f"last must be <= the {len(self.loss)} recorded steps, got {last}")
-        n = last
-
         def mean(xs):
-            return sum(xs[-n:]) / n
+            return sum(xs[-last:]) / last
 
         return dict(main=mean(self.loss), aux=mean(self.aux_loss), busiest=mean(self.imbalance),
                     busiest_prob=mean(self.prob_imbalance), dead=mean(self.dead_experts))

@@ -7,17 +7,19 @@ import pytest
 import torch
 
 import lib.compare as compare
-from lib.compare import (ARCHITECTURES, SETTINGS, MixedTask, active_parameters, build_models, expert_scaling,
-                         forward_flops, parameter_table, scaling_exponent)
+from lib.compare import (ARCHITECTURES, SETTINGS, MixedTask, Recipe, active_parameters, build_models, expert_scaling,
+                         forward_flops, parameter_table, scaling_exponent, train_all)
 from lib.gpt import GPT, GPTConfig
 from lib.gpt import forward_flops as gpt_formula
 from lib.tasks import AssociativeRecall, SelectiveCopying
 from lib.ssm import SelectiveSSM
 
-TINY = dataclasses.replace(SETTINGS["default"], name="tiny", d_model=32, recall_steps=3, copy_steps=2,
-                           recall_train_pairs=(1, 2), recall_eval_pairs=(1, 3), copy_train_blanks=(2,),
-                           copy_eval_blanks=(2, 6), eval_batches=1, flop_lengths=(8, 16), decode_contexts=(4,),
-                           memory_contexts=(8, 64), expert_counts=(2, 4), batch_size=4)
+TINY = dataclasses.replace(SETTINGS["default"], name="tiny", d_model=32,
+                           recall={name: Recipe(steps=3, batch_size=4, lr=1e-3) for name in ARCHITECTURES},
+                           copy={name: Recipe(steps=2, batch_size=4, lr=1e-3) for name in ARCHITECTURES}, recall_train_pairs=(1, 2),
+                           recall_eval_pairs=(1, 3), copy_train_blanks=(2,), copy_eval_blanks=(2, 6), eval_batches=1,
+                           flop_lengths=(8, 16), decode_contexts=(4,), memory_contexts=(8, 64), expert_counts=(2, 4),
+                           seeds=(0, 1), dtype="float32")
 
 
 def test_the_four_models_are_matched_in_size_and_the_moe_in_active_parameters():
@@ -100,19 +102,48 @@ def test_mixed_task_is_seeded_and_checks_its_parts():
 
 def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
     out = compare.run(TINY)
+    assert out["seeds"] == [0, 1]
     assert set(out["recall_accuracy"]) == set(ARCHITECTURES)
-    assert all(0.0 <= a <= 1.0 for row in out["recall_accuracy"].values() for a in row.values())
+    assert all(len(accs) == 2 and all(0.0 <= a <= 1.0 for a in accs)
+               for row in out["recall_accuracy"].values() for accs in row.values())
     assert list(out["copy_accuracy"]["GPT"]) == [str(2 * TINY.copy_data + b) for b in TINY.copy_eval_blanks]
-    assert len(out["recall_loss"]["Mamba"]) == TINY.recall_steps
+    assert [len(c) for c in out["recall_loss"]["Mamba"]] == [1, 1]  # 3 steps: one mean of LOSS_EVERY
     assert out["state_bytes"]["Mamba"][0] == out["state_bytes"]["Mamba"][1]  # constant in the context
     assert out["state_bytes"]["GPT"][1] == 8 * out["state_bytes"]["GPT"][0]  # linear: 8 -> 64 positions
     assert all(s > 0 for row in out["seconds_per_token"].values() for s in row)
+    # seed 1's numbers are those of a run of seed 1 alone, and two processes give the run of one
+    alone = compare.run(dataclasses.replace(TINY, seeds=(1,)), timing=False)
+    assert all(out["recall_accuracy"][n][k][1] == alone["recall_accuracy"][n][k][0]
+               for n in ARCHITECTURES for k in alone["recall_accuracy"][n])
+    assert out["recall_loss"]["GPT"][1] == alone["recall_loss"]["GPT"][0]
     monkeypatch.setitem(compare.SETTINGS, "tiny", TINY)
-    path = compare.main(["--setting", "tiny", "--threads", "1", "--no-timing", "--out", str(tmp_path / "r.json")])
+    path = compare.main(["--setting", "tiny", "--jobs", "2", "--no-timing", "--out", str(tmp_path / "r.json")])
     saved = json.loads(path.read_text())
-    assert saved["command"] == "python -m lib.compare --setting tiny --threads 1 --no-timing"
-    assert "seconds_per_token" not in saved and saved["recall_accuracy"].keys() == out["recall_accuracy"].keys()
+    assert saved["command"] == "python -m lib.compare --setting tiny --jobs 2 --no-timing"
+    assert "seconds_per_token" not in saved and saved["recall_accuracy"] == out["recall_accuracy"]
+    assert saved["setting"]["recall"]["GPT"]["lr"] == 1e-3 and saved["machine"]["torch_threads"] == 1 and saved["generated_by"] == "python -m lib.compare"
     assert compare.load_results("full", root=tmp_path) is None
+
+
+def test_each_model_trains_with_its_own_recipe():
+    """train_all hands each model its recipe: a model trained alone with its recipe gets the same
+    bits; a mapping that misses a model is refused."""
+    task = compare.recall_task(TINY, 2)
+    recipes = {"GPT": Recipe(steps=2, batch_size=3, lr=1e-2), "Mamba": Recipe(steps=3, batch_size=2, lr=5e-3)}
+    models = {k: v for k, v in build_models(TINY, task.vocab_size).items() if k in recipes}
+    losses = train_all(models, task, recipes, seed=4)
+    assert [len(losses[k]) for k in recipes] == [2, 3]
+    again = build_models(TINY, task.vocab_size)["Mamba"]
+    assert train_all({"Mamba": again}, task, recipes["Mamba"], seed=4)["Mamba"] == losses["Mamba"]
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), models["Mamba"].parameters()))
+    with pytest.raises(ValueError, match="none for \\['Mamba'\\]"):
+        train_all(models, task, {"GPT": recipes["GPT"]})
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+        Recipe(steps=1, batch_size=1, lr=0.0)
+    with pytest.raises(ValueError, match="recall must map each of"):
+        dataclasses.replace(TINY, recall={"GPT": recipes["GPT"]})
+    with pytest.raises(ValueError, match="seeds must be a non-empty tuple"):
+        dataclasses.replace(TINY, seeds=())
 
 
 def test_bad_settings_are_refused():
@@ -124,3 +155,25 @@ def test_bad_settings_are_refused():
         build_models("default", 0)
     with pytest.raises(ValueError, match="context must be >= 1"):
         compare.decode_seconds_per_token(GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=4)), 0)
+
+
+def test_seed_ranges_and_gaps_that_no_seed_closes():
+    acc = {"GPT": {"8": [1.0, 0.97, 0.99]}, "Mamba": {"8": [0.6, 0.91, 0.7]}, "Hybrid": {"8": [0.9, 0.95, 0.99]}}
+    assert compare.seed_range(acc, "Mamba", 8) == compare.seed_range(acc, "Mamba", "8") == (0.6, 0.91)
+    assert compare.beats(acc, "GPT", "Mamba", 8)  # 0.97 > 0.91 + 0.05
+    assert not compare.beats(acc, "GPT", "Mamba", 8, margin=0.06)  # one seed of Mamba comes within 6 points
+    assert not compare.beats(acc, "GPT", "Hybrid", 8) and not compare.beats(acc, "Mamba", "GPT", 8)
+    assert compare.trained(acc, "8") == {"GPT": True, "Mamba": False, "Hybrid": False}  # Hybrid's 0.90 fails
+    single = {"GPT": {4: 0.96}, "Mamba": {4: 0.5}}  # one live run: one seed
+    assert compare.trained(single, 4) == {"GPT": True, "Mamba": False} and compare.beats(single, "GPT", "Mamba", 4)
+
+
+def test_a_gap_is_judged_only_between_models_that_learned():
+    acc = {"GPT": {"4": [1.0, 1.0], "8": [1.0, 0.99], "16": [0.8, 0.9]},
+           "Mamba": {"4": [1.0, 0.97], "8": [0.7, 0.9], "16": [0.4, 0.5]},
+           "Hybrid": {"4": [0.3, 1.0], "8": [0.2, 1.0], "16": [0.1, 0.9]}}
+    j = compare.judge_gap(acc, "GPT", "Mamba", easiest=4, judged=(8, 16))
+    assert j == dict(learned=True, not_learned=[], at={"8": True, "16": True})
+    j = compare.judge_gap(acc, "GPT", "Mamba", easiest=4, judged=(8, 16), margin=0.1)
+    assert j["at"] == {"8": False, "16": True}  # 0.99 is not above 0.9 + 0.1
+    assert compare.judge_gap(acc, "Hybrid", "Mamba", easiest=4, judged=(8,))["not_learned"] == ["Hybrid"]

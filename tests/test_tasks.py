@@ -66,6 +66,29 @@ def test_training_lowers_the_loss_and_accuracy_counts_only_answers():
         task_loss(lambda i: i.float(), idx, targets)
 
 
+def test_train_on_task_hands_its_betas_to_adamw(monkeypatch):
+    """betas=(0.9, 0.999) trains the same bits as the default call with AdamW's β₂ forced to 0.999,
+    and other bits than the default (0.9, 0.95): the argument reaches the optimiser."""
+    task = SelectiveCopying(n_data=2, n_blank=6, n_symbols=4)
+
+    def trained(**kw):
+        torch.manual_seed(0)
+        model = _Lookup(task)
+        train_on_task(model, task, steps=5, batch_size=8, lr=1e-2, **kw)
+        return [p.detach().clone() for p in model.parameters()]
+
+    default, given = trained(), trained(betas=(0.9, 0.999))
+    real = torch.optim.AdamW
+    monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **k: real(*a, **{**k, "betas": (0.9, 0.999)}))
+    forced = trained()
+    assert all(torch.equal(a, b) for a, b in zip(given, forced))
+    assert not all(torch.equal(a, b) for a, b in zip(given, default))
+    monkeypatch.setattr(torch.optim, "AdamW", real)
+    for bad in [(0.9,), (0.9, 1.0), (0.9, -0.1), "0.9, 0.95", (True, 0.9)]:
+        with pytest.raises(ValueError, match="betas must be two numbers"):
+            trained(betas=bad)
+
+
 def test_associative_recall_answers_each_query_with_its_stored_value():
     from lib.tasks import AssociativeRecall
 

@@ -372,7 +372,7 @@ class RouterView:
 def balance_figure(curves: Mapping[str, Mapping], *, title: str | None = None) -> go.Figure:
     """Load f and mean router probability P, drawn apart: for each run, the busiest expert's load
     over the even share (left) and the largest mean probability over the even share (right), over
-    training. The aux loss E·Σ f_i P_i sits at its floor K whenever P is flat (right panel at 1),
+    training. The aux loss E·Σ f_i P_i reads its even value K whenever P is flat (right panel at 1),
     whatever f does (left panel): the two panels show whether the balance is real.
 
     curves: label -> {"steps": (n,), "busiest": (n,), "busiest_prob": (n,)}, each value >= 1
