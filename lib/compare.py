@@ -2,7 +2,8 @@
 
     SETTINGS["default" | "full"]          the sizes, recipes, seeds and grids (default: within the
                                           lesson's 3-minute budget on 2 cores; full: the record)
-    Recipe(steps, batch_size, lr, betas)  how one model trains; RECALL_RECIPES per architecture
+    Recipe(steps, batch_size, lr, betas)  how one model trains; RECALL_RECIPES, COPY_RECIPES per
+                                          architecture
     build_models(setting, vocab_size)     GPT, Mamba, MoE GPT and a hybrid of matched size
     parameter_table(models)               total and per-token active parameters
     MixedTask(tasks)                      each batch from one of several tasks (seeded)
@@ -12,6 +13,8 @@
                                           plus the selective scan's elementwise work by formula)
     scaling_exponent(xs, ys)              the log-log slope between the last two points
     decode_seconds_per_token(model, S)    wall time of one cached decoding step after S tokens
+    seed_range, beats, trained, judge_gap reading several seeds: a gap no seed closes, between
+                                          models that learned the task
     run(setting)                          every measurement above, once per seed, as a JSON-able dict
     python -m lib.compare --setting full  the same run, written to benchmarks/compare_<setting>.json
 
@@ -78,8 +81,8 @@ class Recipe:
 # Each architecture's recipe per task, from a small sweep (seeds 0 and 1; learning rates 1e-3 to 5e-3,
 # batches 16 to 64, AdamW's β₂ 0.95 or 0.999). On recall a small model answers with *some* value from the
 # context (accuracy about 1/P) for hundreds of steps before it learns to look the key up and accuracy
-# jumps to ~100%. The attention models got there at 1e-3 with batches of 64 and β₂ = 0.999 (with
-# β₂ = 0.95, or at 2e-3 or more, not within 3,000 steps); the models with Mamba layers only at 5e-3,
+# jumps to ~100%. The attention models got there at 1e-3 with batches of 64 and β₂ = 0.999 (not with
+# β₂ = 0.95 within 2,000-3,000 steps, nor at 2e-3 within 2,000, nor with batches of 16 within 4,000); the models with Mamba layers only at 5e-3,
 # from more, smaller batches. On copying the attention models reached 99% in range with the same
 # recipe (72% with the Mamba models' recipe, which gives those 100%).
 ATTENTION = Recipe(steps=4000, batch_size=64, lr=1e-3)
@@ -93,8 +96,8 @@ COPY_RECIPES = {"GPT": ATTENTION.cut(2500), "Mamba": _SSM_COPY, "MoE GPT": ATTEN
 class Setting:
     """Everything a comparison run depends on. Tasks: multi-query associative recall (`n_keys`
     keys, as many values; all stored pairs queried) and selective copying (`copy_data` symbols
-    among blanks). `recall` holds each architecture's training recipe, `copy` the one recipe of
-    all four on copying; `seeds` the runs (every model, both tasks, once per seed); `dtype` the
+    among blanks). `recall` and `copy` map each architecture to its training Recipe for the task;
+    `seeds` the runs (every model, both tasks, once per seed); `dtype` the
     precision models are built and trained in."""
 
     name: str
@@ -418,7 +421,8 @@ def run(setting: Setting | str = "default", *, jobs: int = 1, timing: bool = Tru
     lesson 08 reports. JSON-able: accuracies as {model: {P or T: [one per seed]}}, loss curves as
     means over LOSS_EVERY steps, one list per seed. `jobs` > 1 trains the models in that many
     processes (one thread each). Models are built and trained in setting.dtype; memory is reported for float32,
-    as the models would be deployed; FLOPs, bytes and times are measured on seed 0's fresh models."""
+    as the models would be deployed; FLOPs, bytes and times are measured on fresh (untrained) models
+    of the first seed."""
     s = _check_setting(setting)
     require_int("jobs", jobs, minimum=1)
     units = [(s, seed, task, name) for seed in s.seeds for task in ("recall", "copy") for name in ARCHITECTURES]
@@ -498,7 +502,7 @@ def _machine(jobs: int) -> dict:
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description="Lesson 08's comparison run, written to benchmarks/compare_<setting>.json")
     parser.add_argument("--setting", default="full", choices=sorted(SETTINGS))
-    parser.add_argument("--jobs", type=int, default=2, help="seeds trained at once, one process and thread each")
+    parser.add_argument("--jobs", type=int, default=2, help="models trained at once, one process and thread each")
     parser.add_argument("--no-timing", action="store_true", help="skip the decoding-time measurement (machine-dependent)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
