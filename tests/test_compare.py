@@ -19,7 +19,7 @@ TINY = dataclasses.replace(SETTINGS["default"], name="tiny", d_model=32,
                            copy={name: Recipe(steps=2, batch_size=4, lr=1e-3) for name in ARCHITECTURES}, recall_train_pairs=(1, 2),
                            recall_eval_pairs=(1, 3), copy_train_blanks=(2,), copy_eval_blanks=(2, 6), eval_batches=1,
                            flop_lengths=(8, 16), decode_contexts=(4,), memory_contexts=(8, 64), expert_counts=(2, 4),
-                           seeds=(0, 1), dtype="float32")
+                           seeds=(0, 1), dtype="float32", state_sizes=(2,))
 
 
 def test_the_four_models_are_matched_in_size_and_the_moe_in_active_parameters():
@@ -116,6 +116,14 @@ def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
     assert all(out["recall_accuracy"][n][k][1] == alone["recall_accuracy"][n][k][0]
                for n in ARCHITECTURES for k in alone["recall_accuracy"][n])
     assert out["recall_loss"]["GPT"][1] == alone["recall_loss"]["GPT"][0]
+    # the state sweep: the setting's own d_state is the main Mamba; d_state = 2 is a Mamba with that state
+    assert list(out["state_accuracy"]) == ["2", str(TINY.d_state)]
+    assert out["state_accuracy"][str(TINY.d_state)] == out["recall_accuracy"]["Mamba"]
+    small = compare.run(dataclasses.replace(TINY, d_state=2, state_sizes=()), timing=False)
+    assert out["state_accuracy"]["2"] == small["recall_accuracy"]["Mamba"] and "state_accuracy" not in small
+    assert out["state_loss"]["2"] == small["recall_loss"]["Mamba"] != out["recall_loss"]["Mamba"]
+    small_mamba = build_models(dataclasses.replace(TINY, d_state=2), 10)["Mamba"]
+    assert all(m.d_state == 2 for m in small_mamba.modules() if isinstance(m, SelectiveSSM))
     monkeypatch.setitem(compare.SETTINGS, "tiny", TINY)
     path = compare.main(["--setting", "tiny", "--jobs", "2", "--no-timing", "--out", str(tmp_path / "r.json")])
     saved = json.loads(path.read_text())
@@ -144,6 +152,10 @@ def test_each_model_trains_with_its_own_recipe():
         dataclasses.replace(TINY, recall={"GPT": recipes["GPT"]})
     with pytest.raises(ValueError, match="seeds must be a non-empty tuple"):
         dataclasses.replace(TINY, seeds=())
+    with pytest.raises(ValueError, match="state_sizes must be a tuple of ints >= 1"):
+        dataclasses.replace(TINY, state_sizes=(0,))
+    with pytest.raises(ValueError, match="d_state must be >= 1"):
+        dataclasses.replace(TINY, d_state=0)
 
 
 def test_bad_settings_are_refused():

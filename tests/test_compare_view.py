@@ -2,7 +2,7 @@
 
 import pytest
 
-from widgets.compare_view import METRICS, CompareView, compare_figure
+from widgets.compare_view import METRICS, CompareView, compare_figure, seed_range_figure
 
 RESULTS = {
     "recall": {"GPT": ([1, 2, 4], [1.0, 0.5, 0.25]), "Mamba": ([1, 2, 4], [0.9, 0.4, 0.1])},
@@ -41,3 +41,25 @@ def test_bad_results_are_refused():
         compare_figure({"recall": RESULTS["recall"]}, "copy")
     with pytest.raises(ValueError, match="one non-zero length"):
         compare_figure({"recall": {"GPT": ([1, 2], [0.5])}}, "recall")
+
+
+def test_seed_range_figure_draws_the_mean_and_the_lowest_and_highest_seed():
+    lines = {"GPT (record)": {"4": [1.0, 0.9, 0.8], "8": [0.5, 0.7, 0.6]}, "GPT (this run)": {4: 0.3, 8: 0.2}}
+    fig = seed_range_figure(lines, title="t", x_title="P", styles={"GPT (this run)": dict(color="#000000", dash="dot")})
+    record, live = fig.data
+    assert list(record.x) == [4, 8] and list(record.y) == pytest.approx([0.9, 0.6])
+    assert list(record.error_y.array) == pytest.approx([0.1, 0.1]) and list(record.error_y.arrayminus) == pytest.approx([0.1, 0.1])
+    assert list(live.y) == [0.3, 0.2] and live.error_y.array is None  # one run: no bar
+    assert live.line.dash == "dot" and live.line.color == "#000000" and record.line.color  # a style, or a default colour
+    assert fig.layout.xaxis.type == "linear" and seed_range_figure(lines, title="t", x_title="P", log_x=True).layout.xaxis.type == "log"
+
+
+def test_seed_range_figure_refuses_what_it_cannot_draw():
+    with pytest.raises(ValueError, match="lines must be a non-empty dict"):
+        seed_range_figure({}, title="t", x_title="P")
+    with pytest.raises(ValueError, match="must be a number or a non-empty list"):
+        seed_range_figure({"a": {4: []}}, title="t", x_title="P")
+    with pytest.raises(ValueError, match="keys must be integers"):
+        seed_range_figure({"a": {"four": 0.5}}, title="t", x_title="P")
+    with pytest.raises(ValueError, match="must be a non-empty dict"):
+        seed_range_figure({"a": [0.5]}, title="t", x_title="P")

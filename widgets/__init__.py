@@ -3,7 +3,7 @@
 
 from widgets._render import use_stable_renderer
 from widgets.bertviz_offline import head_view, model_view
-from widgets.compare_view import CompareView, compare_figure
+from widgets.compare_view import CompareView, compare_figure, seed_range_figure
 from widgets.kv_calculator import KVCalcState, KVCalculator, attention_kinds_figure, kv_calculator_figure
 from widgets.live_loss import LossCurve
 from widgets.memory_map import (MemoryMapState, MemoryMapView, memory_map_figure, memory_map_pair,
@@ -19,5 +19,5 @@ __all__ = ["CompareView", "KVCalcState", "KVCalculator", "LossCurve", "MLMState"
            "MemoryMapState", "MemoryMapView", "RouterView", "SSMStateView", "SamplingKnobs", "SamplingState", "TileSchedule", "TileState",
            "attention_heatmap", "attention_kinds_figure", "balance_figure", "compare_figure", "head_view", "kv_calculator_figure",
            "mask_explorer_figure", "memory_map_figure", "memory_map_pair", "memory_map_view_figure",
-           "mlm_view_figure", "model_view", "router_figure", "sampling_figure", "ssm_state_figure", "sweep_figure", "tile_schedule_figure",
+           "mlm_view_figure", "model_view", "router_figure", "sampling_figure", "seed_range_figure", "ssm_state_figure", "sweep_figure", "tile_schedule_figure",
            "use_stable_renderer", "utilisation_figure"]

@@ -2,6 +2,8 @@
 
     compare_figure(results, metric)   the static face: a plain plotly figure of one metric
     CompareView(results)              the live face: a metric menu above the same figure
+    seed_range_figure(lines, ...)     accuracies of several seeds: each line at the mean over its
+                                      seeds, a bar from the lowest seed to the highest
 
 `results` maps a metric name (a key of METRICS) to {architecture: (xs, ys)}, numbers measured by
 lib.compare in the lesson. No model code here. Each architecture keeps one colour and one marker
@@ -14,7 +16,7 @@ import plotly.graph_objects as go
 
 from widgets._render import OKABE_ITO, live_mimebundle, redraw
 
-__all__ = ["METRICS", "CompareView", "compare_figure"]
+__all__ = ["METRICS", "CompareView", "compare_figure", "seed_range_figure"]
 
 # metric: (title, x axis, y axis, x log?, y log?)
 METRICS = {
@@ -80,3 +82,45 @@ class CompareView:
 
     def _repr_mimebundle_(self, **kwargs):
         return live_mimebundle(self.widget, "CompareView", **kwargs)
+
+
+def _per_seed(label, values) -> dict[int, list[float]]:
+    """{x: [one value per seed]} from {x: value or [values]}; x may be an int or its string."""
+    if not isinstance(values, dict) or not values:
+        raise ValueError(f"lines[{label!r}] must be a non-empty dict {{x: value or [one per seed]}}, got {values!r}")
+    out = {}
+    for x, v in values.items():
+        vs = list(v) if isinstance(v, (list, tuple)) else [v]
+        if not vs or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in vs):
+            raise ValueError(f"lines[{label!r}][{x!r}] must be a number or a non-empty list of numbers, got {v!r}")
+        try:
+            out[int(x)] = [float(a) for a in vs]
+        except (TypeError, ValueError):
+            raise ValueError(f"lines[{label!r}] keys must be integers (or their strings), got {x!r}") from None
+    return out
+
+
+def seed_range_figure(lines: dict, *, title: str, x_title: str, y_title: str = "answer accuracy",
+                      log_x: bool = False, styles: dict | None = None) -> go.Figure:
+    """One line per entry of `lines` ({label: {x: value, or [one value per seed]}}): the mean over the
+    seeds, with a bar from the lowest seed to the highest where there are several. `styles` gives a
+    label its plotly line style (dict(color=..., dash=...)). Values are rounded to 3 decimals."""
+    if not isinstance(lines, dict) or not lines:
+        raise ValueError(f"lines must be a non-empty dict {{label: {{x: value or [one per seed]}}}}, got {lines!r}")
+    styles = styles or {}
+    fig = go.Figure()
+    for i, (label, values) in enumerate(lines.items()):
+        seeds = _per_seed(label, values)
+        xs = sorted(seeds)
+        mean = [sum(seeds[x]) / len(seeds[x]) for x in xs]
+        spread = any(len(seeds[x]) > 1 for x in xs)
+        fig.add_scatter(x=xs, y=[round(m, 3) for m in mean], name=label, mode="lines+markers",
+                        line=styles.get(label, dict(color=OKABE_ITO[i % len(OKABE_ITO)])),
+                        marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=8),
+                        error_y=dict(type="data", symmetric=False,
+                                     array=[round(max(seeds[x]) - m, 3) for x, m in zip(xs, mean)],
+                                     arrayminus=[round(m - min(seeds[x]), 3) for x, m in zip(xs, mean)])
+                        if spread else None)
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, xaxis_type="log" if log_x else "linear",
+                      yaxis_range=[0, 1.05], height=420)
+    return fig
