@@ -16,6 +16,7 @@
     seed_range, beats, trained, judge_gap reading several seeds: a gap no seed closes, between
                                           models that learned the task
     run(setting)                          every measurement above, once per seed, as a JSON-able dict
+                                          (and recall by Mamba at each of setting.state_sizes)
     python -m lib.compare --setting full  the same run, written to benchmarks/compare_<setting>.json
 
 The models (d_model C = 64 unless a setting says otherwise):
@@ -101,7 +102,9 @@ class Setting:
     keys, as many values; all stored pairs queried) and selective copying (`copy_data` symbols
     among blanks). `recall` and `copy` map each architecture to its training Recipe for the task;
     `seeds` the runs (every model, both tasks, once per seed); `dtype` the
-    precision models are built and trained in."""
+    precision models are built and trained in. `d_state` is the state size of every Mamba layer;
+    `state_sizes` adds, per seed, a recall run of the Mamba model with each of those state sizes
+    (same recipe; results under "state_accuracy" and "state_loss", beside the main Mamba's)."""
 
     name: str
     d_model: int = 64
