@@ -5,6 +5,7 @@
     Recipe(steps, batch_size, lr, betas)  how one model trains; RECALL_RECIPES, COPY_RECIPES per
                                           architecture
     build_models(setting, vocab_size)     GPT, Mamba, MoE GPT and a hybrid of matched size
+    build_model(setting, name, vocab_size) one of them alone (the same weights)
     parameter_table(models)               total and per-token active parameters
     MixedTask(tasks)                      each batch from one of several tasks (seeded)
     train_all(models, task, recipe)       lib.tasks.train_on_task for each, on the same batches
@@ -13,11 +14,16 @@
                                           plus the selective scan's elementwise work by formula)
     scaling_exponent(xs, ys)              the log-log slope between the last two points
     decode_seconds_per_token(model, S)    wall time of one cached decoding step after S tokens
+    decode_time_ratio(model, baseline, S) the same for two models, measured side by side: a ratio
     seed_range, beats, trained, judge_gap reading several seeds: a gap no seed closes, between
                                           models that learned the task
+    learned_runs, judge_state_sweep       the same over the runs that learned, for a state sweep
     run(setting)                          every measurement above, once per seed, as a JSON-able dict
                                           (and recall by Mamba at each of setting.state_sizes)
-    python -m lib.compare --setting full  the same run, written to benchmarks/compare_<setting>.json
+    state_sweep(setting)                  recall alone, trained on every pair count it is asked: the GPT
+                                          against the Mamba at each of setting.state_sizes
+    python -m lib.compare --setting full  the run, written to benchmarks/compare_<setting>.json
+    python -m lib.compare --setting state the state sweep, written to benchmarks/compare_state.json
 
 The models (d_model C = 64 unless a setting says otherwise):
     GPT      2 attention blocks (4 heads, RoPE), each with its MLP (4C)
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -51,9 +58,9 @@ from lib.precision import default_dtype
 from lib.ssm import MambaConfig, MambaLM, SelectiveSSM
 from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
 
-__all__ = ["ARCHITECTURES", "COPY_RECIPES", "RECALL_RECIPES", "SETTINGS", "MixedTask", "Recipe", "Setting", "accuracy_grid", "active_parameters", "beats", "build_models",
-           "copy_task", "decode_seconds_per_token", "expert_scaling", "forward_flops", "judge_gap", "load_results", "parameter_table",
-           "recall_task", "run", "scaling_exponent", "seed_range", "train_all", "trained"]
+__all__ = ["ARCHITECTURES", "COPY_RECIPES", "RECALL_RECIPES", "SETTINGS", "MixedTask", "Recipe", "Setting", "accuracy_grid", "active_parameters", "beats", "build_model", "build_models",
+           "copy_task", "decode_seconds_per_token", "decode_time_ratio", "expert_scaling", "forward_flops", "judge_gap", "judge_state_sweep", "learned_runs", "load_results", "parameter_table",
+           "recall_task", "run", "scaling_exponent", "seed_range", "state_label", "state_sweep", "train_all", "trained"]
 
 ARCHITECTURES = ("GPT", "Mamba", "MoE GPT", "Hybrid")
 DECODE_TOKENS = 16  # tokens generated per timing of a decoding step
@@ -168,7 +175,13 @@ SETTINGS = {
     "full": Setting("full", copy_train_blanks=(8, 16, 24, 32), copy_eval_blanks=(8, 16, 32, 64, 128, 256),
                     eval_batches=8, decode_contexts=(64, 512, 2048, 8192), seeds=(0, 1, 2), dtype="float32",
                     state_sizes=(1,)),
+    # The state sweep (python -m lib.compare --setting state, see state_sweep): recall alone, trained on
+    # every pair count up to the largest it is asked (so no model meets a length it never trained on), the
+    # GPT against the Mamba at three state sizes; three seeds, float32. About 35 minutes on 2 cores.
+    "state": Setting("state", recall_train_pairs=(4, 8, 16), recall_eval_pairs=(1, 2, 4, 8, 16), eval_batches=8,
+                     seeds=(0, 1, 2), dtype="float32", state_sizes=(16, 4, 1)),
 }
+SWEEPS = ("state",)  # the settings that `main` runs with state_sweep instead of run
 
 
 def _check_setting(setting) -> Setting:
@@ -216,7 +229,15 @@ def copy_task(setting: Setting, n_blank: int) -> SelectiveCopying:
 def build_models(setting: Setting | str, vocab_size: int, *, seed: int | None = None) -> dict[str, torch.nn.Module]:
     """The four models, freshly initialised: architecture i from torch.manual_seed(seed + i)
     (seed: setting.seed unless given)."""
+    return {name: build_model(setting, name, vocab_size, seed=seed) for name in ARCHITECTURES}
+
+
+def build_model(setting: Setting | str, name: str, vocab_size: int, *, seed: int | None = None) -> torch.nn.Module:
+    """One of the four (`name` in ARCHITECTURES), the same weights as `build_models(...)[name]`:
+    initialised from torch.manual_seed(seed + its index in ARCHITECTURES)."""
     s = _check_setting(setting)
+    if name not in ARCHITECTURES:
+        raise ValueError(f"name must be one of {ARCHITECTURES}, got {name!r}")
     require_int("vocab_size", vocab_size, minimum=1)
     seed = s.seed if seed is None else require_int("seed", seed)
     C = s.d_model
@@ -232,11 +253,8 @@ def build_models(setting: Setting | str, vocab_size: int, *, seed: int | None = 
                       positions="rope"),
             "MMA", MambaConfig(vocab_size=vocab_size, d_model=hybrid_C, n_layers=2, d_state=s.d_state)),
     }
-    models = {}
-    for i, (name, make) in enumerate(makers.items()):
-        torch.manual_seed(seed + i)
-        models[name] = make()
-    return models
+    torch.manual_seed(seed + ARCHITECTURES.index(name))
+    return makers[name]()
 
 
 def active_parameters(model: torch.nn.Module) -> int:
@@ -312,6 +330,41 @@ def judge_gap(acc: dict, better: str, worse: str, *, easiest, judged, margin: fl
                 at={str(k): beats(acc, better, worse, k, margin) for k in judged})
 
 
+def learned_runs(acc: dict, key, threshold: float = 0.95) -> dict:
+    """Each model's runs that learned the task: {model: {k: [accuracy of each seed that reached
+    `threshold` at `key`]}}, keyed like `acc` ({model: {k: [one per seed]}}); a model none of whose
+    seeds learned keeps empty lists."""
+    out = {}
+    for name, row in acc.items():
+        at = row[str(key)] if str(key) in row else row[key]
+        keep = [i for i, a in enumerate(at) if a >= threshold]
+        out[name] = {k: [v[i] for i in keep] for k, v in row.items()}
+    return out
+
+
+def judge_state_sweep(acc: dict, *, easiest, judged, attention: str = "GPT", margin: float = 0.05,
+                      threshold: float = 0.95, min_runs: int = 2) -> dict:
+    """A state sweep's judgement ({model: {P: [per seed]}}, as `state_sweep` writes it): for each model
+    besides `attention`, whether attention beats it (`beats`: a gap no seed closes) at each P in
+    `judged`, counting only each model's runs that learned the task (`learned_runs` at `easiest`).
+    {label: {"runs": (learned, total), "at": {P: bool} or None}}: "at" is None where either model has
+    fewer than `min_runs` runs that learned, so that a lone run decides nothing."""
+    require_int("min_runs", min_runs, minimum=1)
+    if attention not in acc:
+        raise ValueError(f"attention must name a model of acc ({sorted(acc)}), got {attention!r}")
+    good = learned_runs(acc, easiest, threshold)
+    count = {name: (len(good[name][str(easiest)] if str(easiest) in good[name] else good[name][easiest]),
+                    len(next(iter(acc[name].values())))) for name in acc}
+    out = {}
+    for name in acc:
+        if name == attention:
+            continue
+        enough = count[name][0] >= min_runs and count[attention][0] >= min_runs
+        out[name] = dict(runs=count[name], at={str(k): beats(good, attention, name, k, margin) for k in judged}
+                         if enough else None)
+    return out
+
+
 # --------------------------------------------------------------------------- cost
 def forward_flops(model: torch.nn.Module, T: int, batch: int = 1) -> int:
     """FLOPs (2 per multiply-add) of one forward over `batch` sequences of T tokens.
@@ -382,32 +435,62 @@ def scaling_exponent(xs, ys) -> float:
 def decode_seconds_per_token(model: torch.nn.Module, context: int, *, new_tokens: int = DECODE_TOKENS,
                              repeats: int = 3) -> float:
     """Median wall time of one decoding step (batch 1, after a prefill of `context` tokens),
-    with the model's own cache: KV caches for attention layers, the recurrent state for Mamba."""
+    with the model's own cache: KV caches for attention layers, the recurrent state for Mamba.
+    One untimed run first, so that first-call costs (allocation, dispatch caches) stay out."""
     require_int("context", context, minimum=1)
     require_int("new_tokens", new_tokens, minimum=1)
     require_int("repeats", repeats, minimum=1)
-    vocab = _vocab_size(model)
+    prompt = _decode_prompt(model, context)
+    _decode_seconds(model, prompt, new_tokens)  # warm-up
+    return statistics.median(_decode_seconds(model, prompt, new_tokens) for _ in range(repeats))
+
+
+def decode_time_ratio(model: torch.nn.Module, baseline: torch.nn.Module, context: int, *,
+                      new_tokens: int = DECODE_TOKENS, rounds: int = 9) -> float:
+    """How many times longer a decoding step of `model` takes than one of `baseline` (batch 1, after
+    `context` tokens), measured side by side: each round times both, in alternating order, and the
+    result is the median over rounds of the two times' ratio, so a change in the machine's load
+    during the run touches both alike. Both are warmed up first."""
+    require_int("context", context, minimum=1)
+    require_int("new_tokens", new_tokens, minimum=1)
+    require_int("rounds", rounds, minimum=1)
+    prompts = [_decode_prompt(m, context) for m in (model, baseline)]
+    for m, prompt in zip((model, baseline), prompts):
+        _decode_seconds(m, prompt, new_tokens)  # warm-up
+    ratios = []
+    for r in range(rounds):
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        t = {i: _decode_seconds((model, baseline)[i], prompts[i], new_tokens) for i in order}
+        ratios.append(t[0] / t[1])
+    return statistics.median(ratios)
+
+
+def _decode_prompt(model: torch.nn.Module, context: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(vocab, (1, context), generator=g)
+    return torch.randint(_vocab_size(model), (1, context), generator=g)
+
+
+def _decode_seconds(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int) -> float:
+    """Seconds per step of `new_tokens` greedy decoding steps after a prefill of `prompt` (not timed)."""
+    context = prompt.shape[1]
     was_training = model.training
     model.eval()
-    times = []
-    for _ in range(repeats):
-        if isinstance(model, MambaLM):
-            logits, state = model.prefill(prompt)
-            start = time.perf_counter()
-            for _ in range(new_tokens):
-                logits, state = model.step(logits[:, -1].argmax(-1) if logits.dim() == 3 else logits.argmax(-1), state)
-            times.append((time.perf_counter() - start) / new_tokens)
-        else:
-            caches = model.new_caches(1, context + new_tokens)
-            logits = model(prompt, caches=caches)
-            start = time.perf_counter()
-            for t in range(new_tokens):
-                logits = model(logits[:, -1:].argmax(-1), caches=caches, start=context + t)
-            times.append((time.perf_counter() - start) / new_tokens)
-    model.train(was_training)
-    return sorted(times)[len(times) // 2]
+    try:
+        with torch.no_grad():
+            if isinstance(model, MambaLM):
+                logits, state = model.prefill(prompt)
+                start = time.perf_counter()
+                for _ in range(new_tokens):
+                    logits, state = model.step(logits[:, -1].argmax(-1) if logits.dim() == 3 else logits.argmax(-1), state)
+            else:
+                caches = model.new_caches(1, context + new_tokens)
+                logits = model(prompt, caches=caches)
+                start = time.perf_counter()
+                for t in range(new_tokens):
+                    logits = model(logits[:, -1:].argmax(-1), caches=caches, start=context + t)
+            return (time.perf_counter() - start) / new_tokens
+    finally:
+        model.train(was_training)
 
 
 def expert_scaling(setting: Setting | str, vocab_size: int, T: int = 256) -> list[dict]:
@@ -443,14 +526,7 @@ def run(setting: Setting | str = "default", *, jobs: int = 1, timing: bool = Tru
     cost = {task: {name: r.steps * r.batch_size for name, r in recipes.items()} for task, recipes in
             (("recall", s.recall), ("copy", s.copy))}
     units.sort(key=lambda u: -cost[u[2]][u[3]])  # the longest first, so that the processes finish together
-    if jobs > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=torch.set_num_threads, initargs=(1,)) as pool:
-            results = list(pool.map(_train_one, *zip(*units)))
-    else:
-        results = [_train_one(*unit) for unit in units]
+    results = _train_units(units, jobs)
     done = {unit[1:]: r for unit, r in zip(units, results)}
     main_ = {(seed, task, name): done[seed, task, name, s.d_state] for seed, task, name, _ in done}
     out: dict = dict(setting=asdict(s), architectures=list(ARCHITECTURES), seeds=list(s.seeds), loss_every=LOSS_EVERY)
@@ -469,6 +545,42 @@ def run(setting: Setting | str = "default", *, jobs: int = 1, timing: bool = Tru
     return out
 
 
+def state_label(d_state: int) -> str:
+    """The name a Mamba with state size `d_state` goes by in a state sweep: "Mamba (d_state 4)"."""
+    return f"Mamba (d_state {require_int('d_state', d_state, minimum=1)})"
+
+
+def state_sweep(setting: Setting | str = "state", *, jobs: int = 1) -> dict:
+    """Recall alone: the GPT, and the Mamba at each of setting.state_sizes, once per seed, each
+    trained on setting.recall_train_pairs with its recipe and asked setting.recall_eval_pairs.
+    JSON-able: {"recall_accuracy": {label: {P: [one per seed]}}, "recall_loss": {label: [per seed]}},
+    labels "GPT" and state_label(n); the same numbers as the recall runs of `run` with that setting."""
+    s = _check_setting(setting)
+    require_int("jobs", jobs, minimum=1)
+    if not s.state_sizes:
+        raise ValueError("setting.state_sizes must name at least one Mamba state size for a state sweep")
+    members = [("GPT", s.d_state, "GPT")] + [("Mamba", n, state_label(n)) for n in dict.fromkeys(s.state_sizes)]
+    units = [(s, seed, "recall", name, n) for name, n, _ in members for seed in s.seeds]
+    results = {unit[1:]: r for unit, r in zip(units, _train_units(units, jobs))}
+    out: dict = dict(setting=asdict(s), seeds=list(s.seeds), loss_every=LOSS_EVERY, recall_accuracy={}, recall_loss={})
+    for name, n, label in members:
+        runs = [results[seed, "recall", name, n] for seed in s.seeds]
+        out["recall_accuracy"][label] = {k: [r["accuracy"][k] for r in runs] for k in runs[0]["accuracy"]}
+        out["recall_loss"][label] = [r["loss"] for r in runs]
+    return out
+
+
+def _train_units(units: list, jobs: int) -> list[dict]:
+    """_train_one(*unit) for each unit, in `jobs` processes of one thread each if jobs > 1."""
+    if jobs == 1:
+        return [_train_one(*unit) for unit in units]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        return list(pool.map(_train_one, *zip(*units)))
+
+
 def _train_one(s: Setting, seed: int, task: str, name: str, d_state: int | None = None) -> dict:
     """One model's training and accuracy on one task for one seed: {"accuracy": {P or T: a}, "loss": thinned}.
     The same as training the four together: each model's weights and batches depend on the seed alone.
@@ -482,7 +594,7 @@ def _train_one(s: Setting, seed: int, task: str, name: str, d_state: int | None 
         else:
             mix = MixedTask([copy_task(s, b) for b in s.copy_train_blanks])
             evals = {str(copy_task(s, b).seq_len): copy_task(s, b) for b in s.copy_eval_blanks}
-        model = build_models(s, mix.vocab_size, seed=seed)[name]
+        model = build_model(s, name, mix.vocab_size, seed=seed)
         loss = train_all({name: model}, mix, s.recall if task == "recall" else s.copy, seed=seed)[name]
         accuracy = accuracy_grid({name: model}, evals, batches=s.eval_batches)[name]
     return dict(accuracy=accuracy, loss=_thin(loss))
@@ -532,9 +644,13 @@ def main(argv=None) -> Path:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     start = time.perf_counter()
-    result = run(args.setting, jobs=args.jobs, timing=not args.no_timing)
-    result["command"] = (f"python -m lib.compare --setting {args.setting} --jobs {args.jobs}"
-                         + (" --no-timing" if args.no_timing else ""))
+    if args.setting in SWEEPS:
+        result = state_sweep(args.setting, jobs=args.jobs)
+        result["command"] = f"python -m lib.compare --setting {args.setting} --jobs {args.jobs}"
+    else:
+        result = run(args.setting, jobs=args.jobs, timing=not args.no_timing)
+        result["command"] = (f"python -m lib.compare --setting {args.setting} --jobs {args.jobs}"
+                             + (" --no-timing" if args.no_timing else ""))
     result["generated_by"] = "python -m lib.compare"
     result["machine"] = _machine(args.jobs)
     result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d")

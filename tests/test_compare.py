@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -35,6 +36,18 @@ def test_the_four_models_are_matched_in_size_and_the_moe_in_active_parameters():
     # seeded: building again gives the same weights
     again = build_models("default", 34)
     assert all(torch.equal(a, b) for a, b in zip(models["Mamba"].parameters(), again["Mamba"].parameters()))
+
+
+def test_build_model_builds_one_of_the_four_with_the_same_weights():
+    models = build_models(TINY, 12, seed=5)
+    for name in ARCHITECTURES:  # each from its own seed (seed + index), whichever others are built
+        alone = compare.build_model(TINY, name, 12, seed=5)
+        assert type(alone) is type(models[name])
+        assert all(torch.equal(a, b) for a, b in zip(alone.state_dict().values(), models[name].state_dict().values()))
+    other = compare.build_model(TINY, "Mamba", 12, seed=6)
+    assert not torch.equal(next(other.parameters()), next(models["Mamba"].parameters()))
+    with pytest.raises(ValueError, match="name must be one of"):
+        compare.build_model(TINY, "RWKV", 12)
 
 
 def test_active_parameters_count_k_of_e_experts():
@@ -169,6 +182,29 @@ def test_bad_settings_are_refused():
         compare.decode_seconds_per_token(GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=4)), 0)
 
 
+class _SlowStep(GPT):
+    """A GPT whose every one-token decoding step sleeps 3 ms more: a known slowdown to measure."""
+
+    def forward(self, idx, *args, **kwargs):
+        if idx.shape[1] == 1:
+            time.sleep(0.003)
+        return super().forward(idx, *args, **kwargs)
+
+
+def test_decode_time_ratio_measures_a_known_slowdown_side_by_side():
+    config = GPTConfig(vocab_size=7, block_size=40, n_layer=1, n_head=1, n_embd=8)
+    torch.manual_seed(0)
+    fast, slow = GPT(config), _SlowStep(config)
+    slow.train()
+    # a tiny step takes well under 3 ms on any CPU, so the sleep sets the ratio far above 1, and its inverse below 1
+    assert compare.decode_time_ratio(slow, fast, 8, new_tokens=4, rounds=3) > 1.5
+    assert compare.decode_time_ratio(fast, slow, 8, new_tokens=4, rounds=3) < 1 / 1.5
+    assert slow.training and torch.is_grad_enabled()  # modes restored
+    assert compare.decode_seconds_per_token(slow, 8, new_tokens=4, repeats=1) > 0.003
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        compare.decode_time_ratio(slow, fast, 8, rounds=0)
+
+
 def test_seed_ranges_and_gaps_that_no_seed_closes():
     acc = {"GPT": {"8": [1.0, 0.97, 0.99]}, "Mamba": {"8": [0.6, 0.91, 0.7]}, "Hybrid": {"8": [0.9, 0.95, 0.99]}}
     assert compare.seed_range(acc, "Mamba", 8) == compare.seed_range(acc, "Mamba", "8") == (0.6, 0.91)
@@ -189,3 +225,45 @@ def test_a_gap_is_judged_only_between_models_that_learned():
     j = compare.judge_gap(acc, "GPT", "Mamba", easiest=4, judged=(8, 16), margin=0.1)
     assert j["at"] == {"8": False, "16": True}  # 0.99 is not above 0.9 + 0.1
     assert compare.judge_gap(acc, "Hybrid", "Mamba", easiest=4, judged=(8,))["not_learned"] == ["Hybrid"]
+
+
+def test_state_sweep_is_the_gpt_and_each_state_size_trained_on_recall():
+    s = dataclasses.replace(TINY, state_sizes=(2, 1), seeds=(0, 1), recall_train_pairs=(1, 3))
+    out = compare.state_sweep(s)
+    assert list(out["recall_accuracy"]) == ["GPT", "Mamba (d_state 2)", "Mamba (d_state 1)"]
+    assert all(list(acc) == ["1", "3"] and all(len(v) == 2 for v in acc.values()) for acc in out["recall_accuracy"].values())
+    # each entry is the one run of that model, state size and seed: the parts computed alone agree
+    alone = compare._train_one(s, 1, "recall", "Mamba", 1)
+    assert [out["recall_accuracy"]["Mamba (d_state 1)"][k][1] for k in ("1", "3")] == list(alone["accuracy"].values())
+    assert out["recall_loss"]["Mamba (d_state 1)"][1] == alone["loss"]
+    gpt = compare._train_one(s, 0, "recall", "GPT")
+    assert out["recall_loss"]["GPT"][0] == gpt["loss"]
+    json.dumps(out)
+    with pytest.raises(ValueError, match="state_sizes must name at least one"):
+        compare.state_sweep(dataclasses.replace(TINY, state_sizes=()))
+    assert compare.SETTINGS["state"].recall_train_pairs == compare.SETTINGS["state"].recall_eval_pairs[2:]
+
+
+def test_learned_runs_keep_each_models_seeds_that_reached_the_threshold():
+    acc = {"GPT": {"4": [1.0, 1.0, 0.99], "16": [1.0, 0.98, 1.0]},
+           "Mamba (d_state 1)": {"4": [0.32, 0.98, 0.96], "16": [0.19, 0.79, 0.85]}}
+    good = compare.learned_runs(acc, 4)
+    assert good["GPT"] == acc["GPT"]
+    assert good["Mamba (d_state 1)"] == {"4": [0.98, 0.96], "16": [0.79, 0.85]}  # seed 0 left out everywhere
+    assert compare.learned_runs(acc, "4", threshold=0.99)["Mamba (d_state 1)"] == {"4": [], "16": []}
+
+
+def test_a_state_sweep_is_judged_on_the_runs_that_learned():
+    acc = {"GPT": {"4": [1.0, 1.0, 1.0], "16": [1.0, 1.0, 0.99]},
+           "Mamba (d_state 16)": {"4": [1.0, 1.0, 1.0], "16": [1.0, 0.97, 1.0]},
+           "Mamba (d_state 1)": {"4": [0.32, 0.98, 0.97], "16": [0.19, 0.79, 0.85]},
+           "Mamba (d_state 2)": {"4": [0.32, 0.98, 0.5], "16": [0.19, 0.79, 0.3]}}
+    j = compare.judge_state_sweep(acc, easiest=4, judged=(16,))
+    assert list(j) == ["Mamba (d_state 16)", "Mamba (d_state 1)", "Mamba (d_state 2)"]
+    assert j["Mamba (d_state 16)"] == dict(runs=(3, 3), at={"16": False})  # within the margin
+    # the seed that never learned (32% at P = 4) is left out: the judgement rests on the two that did
+    assert j["Mamba (d_state 1)"] == dict(runs=(2, 3), at={"16": True})
+    assert j["Mamba (d_state 2)"] == dict(runs=(1, 3), at=None)  # one run decides nothing
+    assert compare.judge_state_sweep(acc, easiest=4, judged=(16,), min_runs=1)["Mamba (d_state 2)"]["at"] == {"16": True}
+    with pytest.raises(ValueError, match="attention must name a model"):
+        compare.judge_state_sweep(acc, easiest=4, judged=(16,), attention="Transformer")
