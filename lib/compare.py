@@ -22,8 +22,9 @@
                                           (and recall by Mamba at each of setting.state_sizes)
     state_sweep(setting)                  recall alone, trained on every pair count it is asked: the GPT
                                           against the Mamba at each of setting.state_sizes
-    python -m lib.compare --setting full  the run, written to benchmarks/compare_<setting>.json
-    python -m lib.compare --setting state the state sweep, written to benchmarks/compare_state.json
+    python -m lib.compare                 both records lesson 08 reads (about 85 minutes on 2 cores):
+                                          --setting full, the run, to benchmarks/compare_full.json;
+                                          --setting state, the state sweep, to compare_state.json
 
 The models (d_model C = 64 unless a setting says otherwise):
     GPT      2 attention blocks (4 heads, RoPE), each with its MLP (4C)
@@ -182,6 +183,7 @@ SETTINGS = {
                      seeds=(0, 1, 2), dtype="float32", state_sizes=(16, 4, 1)),
 }
 SWEEPS = ("state",)  # the settings that `main` runs with state_sweep instead of run
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"  # where `main` writes the records
 
 
 def _check_setting(setting) -> Setting:
@@ -635,30 +637,37 @@ def _machine(jobs: int) -> dict:
     return machine_record(cpu_name(), 1, load_average(), f"load_average_1min_at_end ({jobs} processes of 1 thread)")
 
 
-def main(argv=None) -> Path:
-    parser = argparse.ArgumentParser(description="Lesson 08's comparison run, written to benchmarks/compare_<setting>.json")
-    parser.add_argument("--setting", default="full", choices=sorted(SETTINGS))
+def main(argv=None) -> list[Path]:
+    parser = argparse.ArgumentParser(description="Lesson 08's records: each setting's run, written to "
+                                                 "benchmarks/compare_<setting>.json (by default both records)")
+    parser.add_argument("--setting", nargs="+", default=["full", "state"], choices=sorted(SETTINGS),
+                        help="the settings to run, in order (state: the state sweep)")
     parser.add_argument("--jobs", type=int, default=2, help="models trained at once, one process and thread each")
     parser.add_argument("--no-timing", action="store_true", help="skip the decoding-time measurement (machine-dependent)")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="where to write the record (one setting only)")
     args = parser.parse_args(argv)
+    if args.out is not None and len(args.setting) != 1:
+        parser.error("--out takes one setting")
     torch.set_num_threads(1)
+    return [_write_record(name, args.jobs, not args.no_timing, args.out) for name in args.setting]
+
+
+def _write_record(name: str, jobs: int, timing: bool, out: Path | None) -> Path:
     start = time.perf_counter()
-    if args.setting in SWEEPS:
-        result = state_sweep(args.setting, jobs=args.jobs)
-        result["command"] = f"python -m lib.compare --setting {args.setting} --jobs {args.jobs}"
+    if name in SWEEPS:
+        result = state_sweep(name, jobs=jobs)
+        result["command"] = f"python -m lib.compare --setting {name} --jobs {jobs}"
     else:
-        result = run(args.setting, jobs=args.jobs, timing=not args.no_timing)
-        result["command"] = (f"python -m lib.compare --setting {args.setting} --jobs {args.jobs}"
-                             + (" --no-timing" if args.no_timing else ""))
+        result = run(name, jobs=jobs, timing=timing)
+        result["command"] = f"python -m lib.compare --setting {name} --jobs {jobs}" + ("" if timing else " --no-timing")
     result["generated_by"] = "python -m lib.compare"
-    result["machine"] = _machine(args.jobs)
+    result["machine"] = _machine(jobs)
     result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     result["note"] = ("generated file: rerun the command to update it, do not edit by hand. float32 training "
                       "in separate processes: the same machine gives the same numbers; another CPU's rounding can "
                       "change a seed's path (a later or earlier end of recall's first phase)")
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
-    out = args.out or Path(__file__).resolve().parent.parent / "benchmarks" / f"compare_{args.setting}.json"
+    out = out or BENCHMARKS / f"compare_{name}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out} in {result['wall_seconds']} s")
     return out

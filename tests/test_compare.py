@@ -138,12 +138,23 @@ def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
     small_mamba = build_models(dataclasses.replace(TINY, d_state=2), 10)["Mamba"]
     assert all(m.d_state == 2 for m in small_mamba.modules() if isinstance(m, SelectiveSSM))
     monkeypatch.setitem(compare.SETTINGS, "tiny", TINY)
-    path = compare.main(["--setting", "tiny", "--jobs", "2", "--no-timing", "--out", str(tmp_path / "r.json")])
+    [path] = compare.main(["--setting", "tiny", "--jobs", "2", "--no-timing", "--out", str(tmp_path / "r.json")])
     saved = json.loads(path.read_text())
     assert saved["command"] == "python -m lib.compare --setting tiny --jobs 2 --no-timing"
     assert "seconds_per_token" not in saved and saved["recall_accuracy"] == out["recall_accuracy"]
     assert saved["setting"]["recall"]["GPT"]["lr"] == 1e-3 and saved["machine"]["torch_threads"] == 1 and saved["generated_by"] == "python -m lib.compare"
     assert compare.load_results("full", root=tmp_path) is None
+    # one command writes several records, each saying the command that writes it alone
+    monkeypatch.setitem(compare.SETTINGS, "tinystate", dataclasses.replace(TINY, name="tinystate", seeds=(0,)))
+    monkeypatch.setattr(compare, "SWEEPS", ("tinystate",))
+    monkeypatch.setattr(compare, "BENCHMARKS", tmp_path)
+    paths = compare.main(["--setting", "tiny", "tinystate", "--jobs", "1", "--no-timing"])
+    assert [p.name for p in paths] == ["compare_tiny.json", "compare_tinystate.json"]
+    sweep = json.loads(paths[1].read_text())
+    assert sweep["command"] == "python -m lib.compare --setting tinystate --jobs 1"
+    assert list(sweep["recall_accuracy"]) == ["GPT", "Mamba (d_state 2)"] and "copy_accuracy" not in sweep
+    with pytest.raises(SystemExit):
+        compare.main(["--setting", "tiny", "tinystate", "--out", str(tmp_path / "r.json")])
 
 
 def test_each_model_trains_with_its_own_recipe():
