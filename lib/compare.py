@@ -305,9 +305,14 @@ def accuracy_grid(models: dict[str, torch.nn.Module], tasks: dict, *, batches: i
 def seed_range(acc: dict, name: str, key) -> tuple[float, float]:
     """(lowest, highest) accuracy of model `name` at `key` (a P or a T, int or str) over the seeds
     of a run's {model: {key: [one per seed]}} (a single run's {key: accuracy} counts as one seed)."""
-    values = acc[name][str(key)] if str(key) in acc[name] else acc[name][key]
+    values = _at(acc[name], key)
     values = values if isinstance(values, list) else [values]
     return min(values), max(values)
+
+
+def _at(row: dict, key):
+    """row[key], where a record's keys are strings and a live run's may be ints."""
+    return row[str(key)] if str(key) in row else row[key]
 
 
 def beats(acc: dict, better: str, worse: str, key, margin: float = 0.05) -> bool:
@@ -338,8 +343,7 @@ def learned_runs(acc: dict, key, threshold: float = 0.95) -> dict:
     seeds learned keeps empty lists."""
     out = {}
     for name, row in acc.items():
-        at = row[str(key)] if str(key) in row else row[key]
-        keep = [i for i, a in enumerate(at) if a >= threshold]
+        keep = [i for i, a in enumerate(_at(row, key)) if a >= threshold]
         out[name] = {k: [v[i] for i in keep] for k, v in row.items()}
     return out
 
@@ -355,8 +359,7 @@ def judge_state_sweep(acc: dict, *, easiest, judged, attention: str = "GPT", mar
     if attention not in acc:
         raise ValueError(f"attention must name a model of acc ({sorted(acc)}), got {attention!r}")
     good = learned_runs(acc, easiest, threshold)
-    count = {name: (len(good[name][str(easiest)] if str(easiest) in good[name] else good[name][easiest]),
-                    len(next(iter(acc[name].values())))) for name in acc}
+    count = {name: (len(_at(good[name], easiest)), len(_at(acc[name], easiest))) for name in acc}
     out = {}
     for name in acc:
         if name == attention:
