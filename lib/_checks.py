@@ -59,3 +59,16 @@ def require_token_ids(name: str, ids, *, vocab_size: int, max_len: int, context:
         raise ValueError(f"{name} has T={T} tokens{where}, past the context {context}={max_len}")
     if bool((ids < 0).any()) or bool((ids >= vocab_size).any()):
         raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
+
+
+def require_targets(name: str, t, shape: tuple, V: int, ignore_index: int = -100) -> None:
+    """Token ids the loss scores against: integer, the given (B, T) shape, in [0, V) or ignore_index."""
+    require_tensor(name, t)
+    if t.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an int64 (or int32) tensor of token ids, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape (B, T) = {shape}, got {tuple(t.shape)}")
+    bad = (t != ignore_index) & ((t < 0) | (t >= V))
+    if bool(bad.any()):
+        raise ValueError(f"{name} must lie in [0, V={V}) (or be {ignore_index} to skip a position), "
+                         f"got {int(t[bad][0])}")

@@ -56,7 +56,7 @@ from lib.gpt import GPT, CausalSelfAttention, GPTConfig
 from lib.hybrid import HybridGPT, decode_state_bytes
 from lib.moe import MoE, moe_gpt
 from lib.precision import default_dtype
-from lib.ssm import MambaConfig, MambaLM, SelectiveSSM
+from lib.mamba import MambaConfig, MambaLM, SelectiveSSM
 from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
 
 __all__ = ["ARCHITECTURES", "COPY_RECIPES", "RECALL_RECIPES", "SETTINGS", "MixedTask", "Recipe", "Setting", "accuracy_grid", "active_parameters", "beats", "build_model", "build_models",
@@ -420,7 +420,7 @@ def _scans_out_of_sight(model: torch.nn.Module):
 def _vocab_size(model) -> int:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "vocab_size"):
-        raise TypeError(f"model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.ssm.MambaLM, got {type(model).__name__}")
+        raise TypeError(f"model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.mamba.MambaLM, got {type(model).__name__}")
     return config.vocab_size
 
 

@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_tensor, require_token_ids
+from lib._checks import require_int, require_rank, require_targets, require_tensor, require_token_ids
 from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache
 from lib.masks import padding_mask
@@ -307,7 +307,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
-        _check_targets("targets", targets, tuple(idx.shape), self.config.vocab_size)
+        require_targets("targets", targets, tuple(idx.shape), self.config.vocab_size)
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
         return logits, loss
 
@@ -381,19 +381,6 @@ def _check_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the loss
-def _check_targets(name: str, t, shape: tuple, V: int, ignore_index: int = -100) -> None:
-    """Token ids the loss scores against: integer, the given (B, T) shape, in [0, V) or ignore_index."""
-    require_tensor(name, t)
-    if t.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be an int64 (or int32) tensor of token ids, got {t.dtype}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape (B, T) = {shape}, got {tuple(t.shape)}")
-    bad = (t != ignore_index) & ((t < 0) | (t >= V))
-    if bool(bad.any()):
-        raise ValueError(f"{name} must lie in [0, V={V}) (or be {ignore_index} to skip a position), "
-                         f"got {int(t[bad][0])}")
-
-
 def clm_loss(logits: torch.Tensor, idx: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """Causal-LM loss over one sequence batch: position t predicts token t + 1.
 
@@ -403,7 +390,7 @@ def clm_loss(logits: torch.Tensor, idx: torch.Tensor, ignore_index: int = -100) 
     """
     require_tensor("logits", logits, floating=True)
     require_rank("logits", logits, 3, "(B, T, V)")
-    _check_targets("idx", idx, tuple(logits.shape[:2]), logits.shape[-1], ignore_index)
+    require_targets("idx", idx, tuple(logits.shape[:2]), logits.shape[-1], ignore_index)
     if idx.shape[1] < 2:
         raise ValueError(f"idx needs T >= 2 tokens for a next-token loss, got T={idx.shape[1]}")
     V = logits.shape[-1]

@@ -21,7 +21,7 @@ import torch
 from lib._checks import require_int
 from lib.gpt import GPT, Block, GPTConfig
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
-from lib.ssm import MambaConfig, MambaLM, MambaMixer, MixerCache, state_bytes
+from lib.mamba import MambaConfig, MambaLM, MambaMixer, MixerCache, state_bytes
 
 __all__ = ["HybridGPT", "decode_state_bytes"]
 
@@ -49,7 +49,7 @@ class HybridGPT(GPT):
         if mamba is None:
             mamba = MambaConfig(vocab_size=config.vocab_size, d_model=config.n_embd, n_layers=pattern.count("M") or 1)
         if not isinstance(mamba, MambaConfig):
-            raise TypeError(f"mamba must be a lib.ssm.MambaConfig or None, got {type(mamba).__name__}")
+            raise TypeError(f"mamba must be a lib.mamba.MambaConfig or None, got {type(mamba).__name__}")
         if mamba.d_model != config.n_embd:
             raise ValueError(f"mamba.d_model ({mamba.d_model}) must equal config.n_embd ({config.n_embd})")
         self.pattern, self.mamba_config = pattern, mamba
@@ -96,7 +96,7 @@ def decode_state_bytes(model, batch: int, seq_len: int, dtype: torch.dtype | str
     """Bytes a decoder carries between tokens after reading seq_len tokens, for batch sequences:
 
     - GPT (dense or MoE): the KV cache, 2 · L · B · S · H · D · bytes (lib.kv_cache.kv_cache_bytes);
-    - MambaLM: the recurrent state, L · B · E · (K − 1 + N) · bytes (lib.ssm.state_bytes), any S;
+    - MambaLM: the recurrent state, L · B · E · (K − 1 + N) · bytes (lib.mamba.state_bytes), any S;
     - HybridGPT: the KV cache of its "A" layers plus the state of its "M" layers.
 
     Exactly the bytes of the tensors `new_caches(batch, seq_len)` / `new_state(batch)` allocate;
@@ -117,5 +117,5 @@ def decode_state_bytes(model, batch: int, seq_len: int, dtype: torch.dtype | str
     if isinstance(model, GPT):
         c = model.config
         return kv_cache_bytes(c.n_layer, batch, seq_len, c.n_head, c.head_dim, bpe)
-    raise TypeError(f"model must be a lib.gpt.GPT (or MoE GPT), a lib.hybrid.HybridGPT or a lib.ssm.MambaLM, "
+    raise TypeError(f"model must be a lib.gpt.GPT (or MoE GPT), a lib.hybrid.HybridGPT or a lib.mamba.MambaLM, "
                     f"got {type(model).__name__}")

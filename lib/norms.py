@@ -54,9 +54,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 
 def _rms_norm_auto(x, weight, eps):
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and weight.dtype == x.dtype:
-        from lib.kernels.scan_cpu import _rms_norm, cpu_kernel_available
-        if cpu_kernel_available():
-            return _rms_norm(x, weight, eps)
+        from lib.kernels import scan_cpu  # imported on first use (it builds the C library)
+        if scan_cpu.cpu_kernel_available():
+            return scan_cpu.rms_norm(x, weight, eps)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 

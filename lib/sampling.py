@@ -33,6 +33,7 @@ from lib._checks import require_int, require_rank, require_tensor
 
 __all__ = [
     "apply_temperature",
+    "check_sampling_knobs",
     "filter_logits",
     "next_token_distribution",
     "sample_next_token",
@@ -85,7 +86,9 @@ def _check_p(name: str, p) -> float:
     return value
 
 
-def _check_knobs(temperature, top_k, top_p) -> tuple[float, int | None, float | None]:
+def check_sampling_knobs(temperature, top_k, top_p) -> tuple[float, int | None, float | None]:
+    """temperature >= 0, top_k an int >= 1 or None, top_p in (0, 1] or None (clear errors otherwise):
+    what every sampler here, and every generate, checks at its door."""
     t = _check_temperature(temperature, allow_zero=True)
     if top_k is not None:
         require_int("top_k", top_k, minimum=1)
@@ -170,7 +173,7 @@ def filter_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int 
     tempered, top-k-filtered distribution. temperature == 0 keeps only each row's argmax (greedy).
     """
     _check_logits("logits", logits)
-    temperature, top_k, top_p = _check_knobs(temperature, top_k, top_p)
+    temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
     if temperature == 0:
         return _greedy_only(logits)
     z = apply_temperature(logits, temperature)
@@ -192,7 +195,7 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: 
     _check_logits("logits", logits)
     require_rank("logits", logits, 2, "(B, V)")
     _require_finite_row("logits", logits)
-    temperature, top_k, top_p = _check_knobs(temperature, top_k, top_p)
+    temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if temperature == 0:
@@ -224,7 +227,7 @@ def next_token_distribution(logits: torch.Tensor, *, temperature: float = 1.0, t
     _check_logits("logits", logits)
     require_rank("logits", logits, 1, "(V,)")
     _require_finite_row("logits", logits)
-    temperature, top_k, top_p = _check_knobs(temperature, top_k, top_p)
+    temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
     p_raw = torch.softmax(logits.float(), dim=-1)
     all_true = torch.ones_like(logits, dtype=torch.bool)
     if temperature == 0:

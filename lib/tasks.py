@@ -7,7 +7,7 @@
                                     its value (multi-query associative recall, Arora et al. 2023,
                                     "Zoology": needs in-context retrieval, attention's strength)
     train_on_task(model, task, ...) masked next-token training on any model whose forward(idx)
-                                    returns logits (B, T, V) (lib.gpt.GPT, lib.ssm.MambaLM, ...)
+                                    returns logits (B, T, V) (lib.gpt.GPT, lib.mamba.MambaLM, ...)
     task_accuracy(model, task, ...) the share of answer tokens predicted exactly (greedy)
 
 A task is a function `task(batch, generator) -> (idx (B, T), targets (B, T))` with targets = -100

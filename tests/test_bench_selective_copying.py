@@ -8,7 +8,7 @@ import torch
 
 import lib.bench.selective_copying as sc
 from lib.bench.selective_copying import LESSON, LONG_STEPS, SEEDS, SHORTER_BLANKS, CopyRun, build, run, runs, train_one
-from lib.ssm import MambaLM
+from lib.mamba import MambaLM
 
 
 def test_the_grid_covers_every_seed_model_and_length_once():

@@ -13,7 +13,7 @@ from lib.compare import (ARCHITECTURES, SETTINGS, MixedTask, Recipe, active_para
 from lib.gpt import GPT, GPTConfig
 from lib.gpt import forward_flops as gpt_formula
 from lib.tasks import AssociativeRecall, SelectiveCopying
-from lib.ssm import SelectiveSSM
+from lib.mamba import SelectiveSSM
 
 TINY = dataclasses.replace(SETTINGS["default"], name="tiny", d_model=32,
                            recall={name: Recipe(steps=3, batch_size=4, lr=1e-3) for name in ARCHITECTURES},

@@ -520,7 +520,7 @@ def test_row_logsumexp_check_names_the_mistake(wrong, words):
 
 # ---------------------------------------------------------------- lesson 06
 from lib.exercises.lesson06 import check_discretize, check_scan_combine, check_ssm_step  # noqa: E402
-from lib.ssm import discretize, scan_combine  # noqa: E402
+from lib.scan import discretize, scan_combine  # noqa: E402
 
 
 def _lib_step(h, x, delta, A, B, C):

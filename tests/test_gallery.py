@@ -70,7 +70,7 @@ def _ssm_claim(widget):
     view_slider = next(w for w in _walk(widget) if isinstance(w, W.IntSlider))
     assert view_slider.description == "token" and view_slider.value == 1
     _, models = gallery._ssm_models()
-    from lib.ssm import trace_states
+    from lib.mamba import trace_states
     import torch
 
     idx = torch.tensor([[2, 0, 0, 3, 0, 1, 1]])  # A . . B . ? ?

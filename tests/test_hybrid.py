@@ -9,7 +9,7 @@ from lib.hybrid import HybridGPT, decode_state_bytes
 from lib.kv_cache import KVCache
 from lib.moe import moe_gpt
 from lib.precision import default_dtype
-from lib.ssm import MambaConfig, MambaLM, MixerCache, state_bytes
+from lib.mamba import MambaConfig, MambaLM, MixerCache, state_bytes
 
 
 def tiny_hybrid(pattern="MAM", positions="rope", seed=0):

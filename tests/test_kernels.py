@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import lib.kernels.flash as flash
+import lib.kernels.runtime as runtime
 from lib.attention import BACKENDS, attention, attention_ref
 from lib.kernels import (
     SUPPORTED_HEAD_DIMS,
@@ -242,7 +243,7 @@ def test_bad_input_raises_a_clear_error_never_a_crash(kwargs, error, words):
 
 
 def test_cpu_tensors_without_the_interpreter_get_told_how_to_enable_it(monkeypatch):
-    monkeypatch.setattr(flash, "kernel_mode", lambda: "unavailable")
+    monkeypatch.setattr(runtime, "kernel_mode", lambda: "unavailable")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         flash_attention(q0.cpu(), k0.cpu(), v0.cpu())
 

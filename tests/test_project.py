@@ -228,6 +228,65 @@ def test_lib_never_imports_widgets():
             assert not any(n.split(".")[0] == "widgets" for n in names), path
 
 
+def _module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def import_graph(package: str) -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+    """Every import in `package` (function-level ones too), as module -> the modules it imports
+    from the project, and every private name (`_x`) one module takes from another."""
+    modules = {_module_name(p) for p in (ROOT / package).rglob("*.py")}
+    edges, private = {m: set() for m in modules}, []
+    for path in (ROOT / package).rglob("*.py"):
+        me = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges[me] |= {a.name for a in node.names if a.name.split(".")[0] in ("lib", "widgets")} - {me}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("lib", "widgets"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"  # `from lib.kernels import scan_cpu` imports a module
+                    target = sub if sub in modules else node.module
+                    if target != me:
+                        edges[me].add(target)
+                        if alias.name.startswith("_") and target == node.module:
+                            private.append((me, node.module, alias.name))
+    return edges, private
+
+
+def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    cycles, state = [], {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for other in sorted(edges.get(module, ())):
+            if state.get(other) == "open":
+                cycles.append(path[path.index(other):] + [module, other])
+            elif other in edges and other not in state:
+                visit(other, path + [module])
+        state[module] = "done"
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [])
+    return cycles
+
+
+def test_lib_imports_flow_one_way_and_kernels_know_nothing_of_their_callers():
+    edges, private = import_graph("lib")
+    assert import_cycles(edges) == []
+    for module, targets in edges.items():
+        if module.startswith("lib.kernels"):  # kernels -> their runtime (and the shared validators), never up
+            assert targets <= {"lib._checks"} | {t for t in edges if t.startswith("lib.kernels")}, (module, targets)
+    assert private == [], "a private name used across modules should be public, or live where it is used"
+
+
+def test_the_import_graph_check_finds_a_cycle_and_a_private_import():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+    assert import_cycles({"a": {"a.x"}, "a.x": {"a"}}) != []
+
+
 def test_readme_and_book_list_every_lesson():
     readme = (ROOT / "README.md").read_text()
     course_map = (ROOT / "book" / "course-map.md").read_text()

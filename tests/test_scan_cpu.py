@@ -20,8 +20,10 @@ import pytest
 import torch
 
 import lib.kernels.scan_cpu as scan_cpu
-from lib.kernels.scan_cpu import causal_conv1d_cpu, cpu_kernel_available, cpu_kernel_status, selective_scan_cpu
-from lib.ssm import MambaConfig, MambaLM, causal_conv1d, causal_conv1d_ref, selective_scan, selective_scan_ref
+from lib.conv import causal_conv1d, causal_conv1d_cpu, causal_conv1d_ref
+from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
+from lib.mamba import MambaConfig, MambaLM
+from lib.scan import selective_scan, selective_scan_cpu, selective_scan_ref
 from tests.test_ssm import TOL64, _bad_scan_cases, scan_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -304,7 +306,7 @@ def test_a_tiny_step_keeps_its_relative_precision():
 def test_every_scan_applies_the_extras_as_the_reference_does(impl):
     """The scans without them in their loops apply delta_bias, softplus and the gate around the scan:
     the same output and gradients as the reference."""
-    from lib.ssm import parallel_scan_ref
+    from lib.scan import parallel_scan_ref
 
     fn = parallel_scan_ref if impl == "parallel" else lambda *a, **k: selective_scan(*a, impl=impl, **k)
     inputs = _extras_inputs(2, 13, 6, 4, seed=52)
@@ -372,7 +374,7 @@ def test_without_the_kernel_auto_falls_back_and_the_kernel_says_why(monkeypatch)
 @pytest.mark.parametrize("env, expected", [({"ONEMASK_CPU_KERNEL": "0"}, "unavailable: switched off"),
                                            ({"CC": "/nonexistent/cc"}, "unavailable: CC='/nonexistent/cc' is not")])
 def test_a_fresh_process_without_a_compiler_reports_it_and_still_scans(env, expected, tmp_path):
-    code = ("import torch; from lib.kernels.scan_cpu import cpu_kernel_status; from lib.ssm import selective_scan;"
+    code = ("import torch; from lib.kernels.scan_cpu import cpu_kernel_status; from lib.scan import selective_scan;"
             "print(cpu_kernel_status());"
             "y = selective_scan(torch.randn(1, 9, 2), torch.rand(1, 9, 2), -torch.ones(2, 3), torch.randn(1, 9, 3),"
             " torch.randn(1, 9, 3)); print(tuple(y.shape))")

@@ -13,10 +13,10 @@ from functools import partial
 import pytest
 import torch
 
-import lib.kernels.flash as flash
+import lib.kernels.runtime as runtime
 from lib.kernels import kernel_mode
-from lib.kernels.scan import selective_scan_triton
-from lib.ssm import MambaConfig, MambaLM, selective_scan, selective_scan_ref
+from lib.mamba import MambaConfig, MambaLM
+from lib.scan import selective_scan, selective_scan_ref, selective_scan_triton
 from tests.test_ssm import scan_inputs
 
 ON_GPU = torch.cuda.is_available() and kernel_mode() == "compiled"
@@ -74,7 +74,7 @@ def test_large_delta_stays_finite_and_forgets(delta):
 
 @needs_kernels
 def test_gradients_are_the_chunked_scans():
-    # The backward recomputes with the chunked scan (lib.ssm.selective_scan, impl="chunked"); with
+    # The backward recomputes with the chunked scan (lib.scan.selective_scan, impl="chunked"); with
     # the same upstream gradient the gradients are bit-for-bit the chunked scan's own.
     inputs = on_device(scan_inputs(2, 19, 5, 3, seed=7))
     upstream_y = torch.randn(2, 19, 5, generator=torch.Generator().manual_seed(1)).to(DEVICE)
@@ -147,16 +147,16 @@ def test_bad_input_is_refused_clearly(change, error, words):
 def test_tensors_the_compiled_kernel_cannot_reach_are_refused(monkeypatch):
     # Compiled kernels read CUDA memory only: CPU tensors must be refused with the way out, not
     # handed to a launch. Here the compiled mode is simulated where the interpreter runs.
-    monkeypatch.setattr(flash, "kernel_mode", lambda: "compiled")
+    monkeypatch.setattr(runtime, "kernel_mode", lambda: "compiled")
     x, dl, A, B, C, D, _ = scan_inputs(1, 5, 3, 2, seed=19)
-    with pytest.raises(RuntimeError, match=r"compiled for CUDA only.*TRITON_INTERPRET=1.*lib\.ssm\.selective_scan"):
+    with pytest.raises(RuntimeError, match=r"compiled for CUDA only.*TRITON_INTERPRET=1.*lib\.scan\.selective_scan"):
         selective_scan_triton(x, dl, A, B, C, D)
 
 
 def test_without_triton_the_error_names_the_package_and_the_fallback(monkeypatch):
-    monkeypatch.setattr(flash, "triton", None)
+    monkeypatch.setattr(runtime, "_loaded", (None, None, False))
     x, dl, A, B, C, D, _ = scan_inputs(1, 5, 3, 2, seed=19)
-    with pytest.raises(RuntimeError, match=r"needs the `triton` package.*lib\.ssm\.selective_scan"):
+    with pytest.raises(RuntimeError, match=r"needs the `triton` package.*lib\.scan\.selective_scan"):
         selective_scan_triton(x, dl, A, B, C, D)
 
 

@@ -1,4 +1,4 @@
-"""lib.ssm: the three selective scans agree (values, gradients, carried state), stay finite for
+"""lib.scan and lib.mamba: the three selective scans agree (values, gradients, carried state), stay finite for
 large Δ, the LTI case is a convolution, the combine is associative, recurrent decoding equals the
 parallel forward with a constant-size state, bad inputs are refused clearly, and a tiny Mamba
 trains."""
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 from lib.gpt import GPT, Block, GPTConfig, train_gpt
 from lib.kv_cache import kv_cache_bytes
-from lib.ssm import (MambaConfig, MambaLM, MambaMixer, MambaState, SelectiveSSM, default_chunk_size, discretize,
-                     generate, lti_kernel, parallel_scan_ref, scan_combine, selective_scan, selective_scan_ref,
-                     ssm_convolution, state_bytes, trace_states)
+from lib.mamba import MambaConfig, MambaLM, MambaMixer, MambaState, SelectiveSSM, generate, state_bytes, trace_states
+from lib.scan import (default_chunk_size, discretize, lti_kernel, parallel_scan_ref, scan_combine, selective_scan,
+                      selective_scan_ref, ssm_convolution)
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -408,7 +408,7 @@ def test_other_bad_inputs_are_refused():
         model(torch.full((1, 4), 64))
     with pytest.raises(ValueError, match="no padding mask"):
         model.layers[0].mixer(torch.zeros(1, 3, 32), mask=torch.zeros(1, 1, 1, 3))
-    with pytest.raises(ValueError, match="not a KV cache: cache must be a lib.ssm.MixerCache"):
+    with pytest.raises(ValueError, match="not a KV cache: cache must be a lib.mamba.MixerCache"):
         model.layers[0].mixer(torch.zeros(1, 3, 32), cache=object())
     with pytest.raises(TypeError, match="model_or_config must be a MambaLM or a MambaConfig"):
         state_bytes(GPTConfig.tiny(), 1)

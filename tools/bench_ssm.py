@@ -8,14 +8,14 @@ Sizes as the issue fixed them: batch 2, D = 64 channels, N = 16 state entries, f
 machine disturbs less. Inputs look like a Mamba layer's: Δ = softplus
 of a normal shifted by −4 (mostly 0.005–0.1), A = −(1..N) (S4D-real), x, B, C standard normal.
 For each L, the reference, the chunked PyTorch scan (`selective_scan(impl="chunked")`, default
-chunk size) and, where it compiled, the fused C loop (`lib.kernels.scan_cpu.selective_scan_cpu`,
+chunk size) and, where it compiled, the fused C loop (`lib.scan.selective_scan_cpu`,
 which `selective_scan` runs by default on a CPU, forward and backward) run alternately, forward only
 (no_grad) and forward + backward, after one warm-up each; the result is the ratio of the medians. A chunk-size sweep at L = 2048 shows where `default_chunk_size` comes from.
 A record, not a test: timings depend on the machine and on whatever else runs on it (the load
 average is recorded beside them).
 
 On a CUDA GPU (tools/gpu_checks.sh runs it there) it also times the fused Triton kernel
-(`lib.kernels.scan.selective_scan_triton`) beside the two, at the issue's shape and at a Mamba-130m
+(`lib.scan.selective_scan_triton`) beside the two, at the issue's shape and at a Mamba-130m
 layer's width (batch 8, D = 1536, N = 16), and writes benchmarks/ssm_cuda.json.
 """
 
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status, selective_scan_cpu
-from lib.ssm import default_chunk_size, selective_scan, selective_scan_ref
+from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
+from lib.scan import default_chunk_size, selective_scan, selective_scan_cpu, selective_scan_ref
 from lib.bench import busy_machine, cpu_name, machine_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,7 @@ def main() -> None:
     rows, sweep = [], {}
     shapes, scans = [SHAPES], None
     if device.type == "cuda":  # the fused kernel runs compiled only here; add a model-sized layer
-        from lib.kernels.scan import selective_scan_triton
+        from lib.scan import selective_scan_triton
         shapes, scans = [SHAPES, GPU_MODEL_SHAPE], {"ref": selective_scan_ref,
                                                     "chunked": partial(selective_scan, impl="chunked"),
                                                     "triton": selective_scan_triton}
@@ -162,11 +162,11 @@ def main() -> None:
             load.append(os.getloadavg()[0])
 
     timed = list(rows[0]["forward"]["median_seconds"])
-    fused = {"cpu": "the fused C loop (lib.kernels.scan_cpu.selective_scan_cpu)",
-             "triton": "the fused Triton kernel (lib.kernels.scan.selective_scan_triton)"}
+    fused = {"cpu": "the fused C loop (lib.scan.selective_scan_cpu)",
+             "triton": "the fused Triton kernel (lib.scan.selective_scan_triton)"}
     result = {
-        "benchmark": "selective scan: per-step reference (lib.ssm.selective_scan_ref) vs chunked "
-                     "(lib.ssm.selective_scan, impl='chunked')" + "".join(f" vs {v}" for k, v in fused.items()
+        "benchmark": "selective scan: per-step reference (lib.scan.selective_scan_ref) vs chunked "
+                     "(lib.scan.selective_scan, impl='chunked')" + "".join(f" vs {v}" for k, v in fused.items()
                                                                        if k in timed) + "; median seconds per call",
         "dtype": "float32",
         "lengths": args.lengths,

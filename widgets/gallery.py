@@ -150,7 +150,7 @@ def _tile_schedule():
 def _ssm_models():
     """Selective and fixed-Δ Mamba (2 layers, width 32) on short selective-copying sequences,
     150 steps each (lesson 06 trains on much longer sequences for 1,200 steps)."""
-    from lib.ssm import MambaConfig, MambaLM
+    from lib.mamba import MambaConfig, MambaLM
     from lib.tasks import SelectiveCopying, train_on_task
 
     task = SelectiveCopying(n_data=3, n_blank=9, n_symbols=8)
@@ -165,7 +165,7 @@ def _ssm_models():
 
 
 def _ssm_state_animator():
-    from lib.ssm import trace_states
+    from lib.mamba import trace_states
     from lib.tasks import BLANK, RECALL
     from widgets.ssm_state import SSMStateView
 

@@ -1,7 +1,7 @@
 """SSM state animator: the hidden state h_t (channels × state size) and the step size Δ_t of a
 state-space scan, token by token, for several runs side by side (lesson 06: selective vs not).
 
-The widget draws numbers; it computes none. The lesson runs `lib.ssm` on a sequence, records the
+The widget draws numbers; it computes none. The lesson runs `lib.mamba` on a sequence, records the
 states and step sizes of each run, and passes them here:
 
     runs = {"selective": (h, delta), "fixed Δ, B, C": (h2, delta2)}   # h (L, D, N), delta (L, D)
@@ -136,7 +136,7 @@ def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: 
 
 class SSMStateView:
     """Live face: a slider over the tokens; with `recompute(text) -> (tokens, runs)`, a text box
-    for a new input sequence (the lesson passes a function that runs lib.ssm)."""
+    for a new input sequence (the lesson passes a function that runs lib.mamba)."""
 
     def __init__(self, tokens: Sequence[str], runs: Mapping[str, tuple], *,
                  recompute: Callable[[str], tuple] | None = None, text: str = ""):

@@ -73,7 +73,7 @@ def runs(seeds=SEEDS) -> list[CopyRun]:
 def build(r: CopyRun):
     """(task, model) as lesson 06 builds them: seeded by r.seed, float64."""
     from lib.precision import default_dtype
-    from lib.ssm import MambaConfig, MambaLM
+    from lib.mamba import MambaConfig, MambaLM
     from lib.tasks import SelectiveCopying
 
     task = SelectiveCopying(n_data=r.n_data, n_blank=r.n_blank, n_symbols=r.n_symbols)

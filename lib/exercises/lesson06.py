@@ -1,11 +1,11 @@
 """Checks for lesson 06, "Mamba".
 
     check_discretize(fn)     fn(delta (..., D), A (D, N), B (..., N)) -> (A_bar, B_bar) (..., D, N),
-                             equal to lib.ssm.discretize
+                             equal to lib.scan.discretize
     check_ssm_step(fn)       fn(h (B, D, N), x (B, D), delta (B, D), A (D, N), B (B, N), C (B, N))
                              -> (y (B, D), h_next (B, D, N)): one step of the selective recurrence
     check_scan_combine(fn)   fn((a1, b1), (a2, b2)) -> (a, b): "do left, then right" as one step,
-                             equal to lib.ssm.scan_combine
+                             equal to lib.scan.scan_combine
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from lib.exercises import CheckReport, call_learner
-from lib.ssm import discretize, scan_combine, selective_scan_ref
+from lib.scan import discretize, scan_combine, selective_scan_ref
 
 __all__ = ["check_discretize", "check_scan_combine", "check_ssm_step"]
 

@@ -1,7 +1,11 @@
 """Kernels: attention in Triton (lesson 05: a FlashAttention forward and backward, `flash`), and
 the selective scan fused (lesson 06): in Triton for a GPU (`scan`) and as a C loop for the CPU
-(`scan_cpu`, compiled with the machine's C compiler on first use; the submodules are imported
-by name, not here).
+(`scan_cpu`, compiled with the machine's C compiler on first use, with the mixer's convolution and
+RMSNorm; the submodules are imported by name, not here). `runtime` decides how Triton runs here
+and is the only module that imports it.
+
+The scan kernels are raw launchers: their front doors, which check the arguments and give them
+gradients, are `lib.scan`, `lib.conv` and `lib.norms`. Kernels import nothing from their callers.
 
 Importing this package never compiles or launches anything, and works without a GPU and even
 without triton installed (then `kernel_mode()` is "unavailable" and `flash_attention` raises a
@@ -28,6 +32,10 @@ __all__ = list(_FLASH_NAMES)
 
 
 def __getattr__(name: str):
+    if name in ("kernel_mode", "require_kernel_device"):
+        from lib.kernels import runtime
+
+        return getattr(runtime, name)
     if name in _FLASH_NAMES:
         from lib.kernels import flash
 

@@ -22,33 +22,14 @@ bottom-right, which keeps the block-skipping arithmetic to one formula, `key_blo
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from lib._checks import require_rank, require_tensor
+from lib.kernels import runtime
+from lib.kernels.runtime import LOG2E, cdiv, kernel_mode, require_kernel_device
 
-# No GPU: run the kernels in Triton's interpreter, so every lesson works on a CPU-only laptop.
-# Triton fixes the mode of its own library functions when it is first imported, so `import lib`
-# already sets this (lib/__init__.py); repeated here for a direct `import lib.kernels.flash`. An
-# explicit TRITON_INTERPRET=0 is respected (the kernels are then unavailable on this machine).
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-try:  # importing works without triton; launching then raises a clear error
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only where triton is missing
-    triton = None
-    tl = None
-
-
-def _triton_mixed_modes() -> bool:
-    """Whether triton was imported before TRITON_INTERPRET=1 was set: its own library functions
-    (tl.max, tl.cdiv, ...) are then compiled-mode and fail inside our interpreted kernels."""
-    if triton is None or os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return False
-    return type(tl.standard.sum).__name__ != "InterpretedFunction"
+triton, tl = runtime.load_triton()  # (None, None) without triton: importing works, launching refuses
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
@@ -62,14 +43,9 @@ __all__ = [
 ]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
-_LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the cheaper instruction
 
 
 # --------------------------------------------------------------------------- the tile schedule
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def key_block_bounds(block_index: int, T: int, block_m: int, block_n: int, causal: bool) -> tuple[int, int]:
     """Key blocks visited by query block `block_index`: (n_full, n_end).
 
@@ -82,10 +58,10 @@ def key_block_bounds(block_index: int, T: int, block_m: int, block_n: int, causa
         # a key block is fully visible when it ends at or before the block's first query
         n_full = (block_index * block_m) // block_n
         # the block's last query (capped at T - 1) is the furthest key anyone here may see
-        n_end = _cdiv(min((block_index + 1) * block_m, T), block_n)
+        n_end = cdiv(min((block_index + 1) * block_m, T), block_n)
     else:
         n_full = T // block_n
-        n_end = _cdiv(T, block_n)
+        n_end = cdiv(T, block_n)
     return n_full, n_end
 
 
@@ -98,11 +74,12 @@ def visited_blocks(T: int, block_m: int, block_n: int, causal: bool) -> int:
     for name, value in (("T", T), ("block_m", block_m), ("block_n", block_n)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return sum(key_block_bounds(i, T, block_m, block_n, causal)[1] for i in range(_cdiv(T, block_m)))
+    return sum(key_block_bounds(i, T, block_m, block_n, causal)[1] for i in range(cdiv(T, block_m)))
 
 
 # --------------------------------------------------------------------------- kernels
 if triton is not None:
+    LOG2E_C = tl.constexpr(LOG2E)  # a global a kernel may read must be a constexpr
 
     @triton.jit
     def _fwd_tile(acc, l_i, m_i, q, K_head, V_head, stride_kt, stride_vt, start_n, offs_m, offs_n, offs_d, T,
@@ -171,7 +148,7 @@ if triton is not None:
         l_safe = tl.where(empty, 1.0, l_i)
         m_fin = tl.where(m_i == float("-inf"), 0.0, m_i)
         out = acc / l_safe[:, None]
-        lse = tl.where(empty, float("inf"), (m_fin + tl.log2(l_safe)) / 1.4426950408889634)
+        lse = tl.where(empty, float("inf"), (m_fin + tl.log2(l_safe)) / LOG2E_C)
         tl.store(O + pid_bh * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=row_mask)
         tl.store(LSE + pid_bh * T + offs_m, lse, mask=offs_m < T)
@@ -191,6 +168,19 @@ if triton is not None:
         do = tl.load(DO + pid_bh * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=mask, other=0.0)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
         tl.store(DELTA + pid_bh * T + offs_m, delta, mask=offs_m < T)
+
+    @triton.jit
+    def _bwd_tile(q, k, v, do, lse, delta, offs_m, offs_n, row_ok, T, qk_scale,
+                  CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        """One tile of the backward, shared by both backward kernels: P recomputed from q, k and the
+        saved log-sum-exp (not stored by the forward), and dS = P ∘ (dP − delta), dP = dO Vᵀ."""
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        keep = row_ok[:, None] & (offs_n[None, :] < T)
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        p = tl.exp2(tl.where(keep, s - lse[:, None] * LOG2E_C, float("-inf")))  # (BLOCK_M, BLOCK_N)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        return p, p * (dp - delta[:, None])  # the softmax backward
 
     @triton.jit
     def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -225,14 +215,8 @@ if triton is not None:
                          mask=q_mask, other=0.0)
             lse = tl.load(LSE + pid_bh * T + offs_m, mask=row_ok, other=0.0)
             delta = tl.load(DELTA + pid_bh * T + offs_m, mask=row_ok, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-            keep = row_ok[:, None] & (offs_n[None, :] < T)
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            p = tl.exp2(tl.where(keep, s - lse[:, None] * 1.4426950408889634, float("-inf")))  # recomputed P
+            p, ds = _bwd_tile(q, k, v, do, lse, delta, offs_m, offs_n, row_ok, T, qk_scale, CAUSAL, DOT_PRECISION)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)  # (BLOCK_N, D)
-            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
-            ds = p * (dp - delta[:, None])  # softmax backward: dS = P ∘ (dP − delta)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)  # (BLOCK_N, D)
         dk = dk * sm_scale
         tl.store(DK + pid_bh * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
@@ -270,55 +254,17 @@ if triton is not None:
             kv_mask = (offs_n[:, None] < T) & (offs_d[None, :] < HEAD_DIM)
             k = tl.load(K + pid_bh * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(V + pid_bh * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-            keep = row_ok[:, None] & (offs_n[None, :] < T)
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            p = tl.exp2(tl.where(keep, s - lse[:, None] * 1.4426950408889634, float("-inf")))
-            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-            ds = p * (dp - delta[:, None])
+            _, ds = _bwd_tile(q, k, v, do, lse, delta, offs_m, offs_n, row_ok, T, qk_scale, CAUSAL, DOT_PRECISION)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # (BLOCK_M, D)
         dq = dq * sm_scale
         tl.store(DQ + pid_bh * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
                  dq.to(DQ.dtype.element_ty), mask=q_mask)
 
 
-# --------------------------------------------------------------------------- mode and checks
-def kernel_mode() -> str:
-    """How the kernels run here: "compiled" (CUDA), "interpreter" (TRITON_INTERPRET=1 was set
-    before this module was imported), or "unavailable" (no triton, or neither of the above)."""
-    if triton is None:
-        return "unavailable"
-    if type(_flash_fwd_kernel).__name__ == "InterpretedFunction":
-        return "interpreter"
-    return "compiled" if torch.cuda.is_available() else "unavailable"
-
-
-def require_kernel_device(device: torch.device, caller: str, fallback: str) -> str:
-    """The kernel mode ("compiled" or "interpreter"), once it is sure a kernel can run here on
-    tensors on `device`; otherwise an error that says why and what to do. `caller` names the
-    public function, `fallback` the PyTorch path to use instead. Shared by every kernel in lib.kernels."""
-    if triton is None:
-        raise RuntimeError(f"{caller} needs the `triton` package (pip install triton); use {fallback} without it")
-    if _triton_mixed_modes():
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the interpreter cannot run "
-                           "these kernels. Restart the Python kernel and import lib (or lib.kernels) before "
-                           "importing triton, or start Python with TRITON_INTERPRET=1 in the environment")
-    mode = kernel_mode()
-    if mode == "interpreter":
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"the Triton interpreter runs on CPU tensors, got device {device}")
-    elif device.type != "cuda":
-        raise RuntimeError(f"{caller} got tensors on {device} but the kernels are compiled for CUDA only. "
-                           "To run them on the CPU, set the environment variable TRITON_INTERPRET=1 before "
-                           "importing lib.kernels (e.g. os.environ['TRITON_INTERPRET'] = '1' in the first cell), "
-                           f"or use {fallback}")
-    return mode
-
-
+# --------------------------------------------------------------------------- checks
 def default_block_sizes(D: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) the launcher uses for head dim D in the current mode."""
-    if kernel_mode() == "interpreter":
+    if runtime.kernel_mode() == "interpreter":
         return 64, 64  # each tile is a numpy op: fewer, bigger tiles run much faster
     return (64, 64) if D <= 64 else (64, 32)  # keeps the fp32 D=128 tiles within shared memory
 
@@ -356,7 +302,7 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
             or sm_scale <= 0:
         raise ValueError(f"sm_scale must be a positive finite number or None (meaning 1/sqrt(D)), got {sm_scale!r}")
 
-    mode = require_kernel_device(q.device, "flash_attention", "lib.attention.attention(..., backend='sdpa')")
+    mode = runtime.require_kernel_device(q.device, "flash_attention", "lib.attention.attention(..., backend='sdpa')")
     if mode == "interpreter" and q.dtype == torch.bfloat16:
         raise ValueError("bfloat16 is refused under the Triton interpreter: its bf16 tl.dot gives silently "
                          "wrong results (errors ~1e10). Use float32 or float16 on the CPU, bfloat16 on a GPU")
@@ -368,7 +314,7 @@ def _launch_opts(D: int, dtype: torch.dtype) -> dict:
     # fp32 on a GPU: tl.dot would round its inputs to tf32 (10-bit mantissa); ask for full fp32.
     precision = "ieee" if dtype == torch.float32 else "tf32"
     opts = dict(DOT_PRECISION=precision)
-    if kernel_mode() == "compiled":
+    if runtime.kernel_mode() == "compiled":
         opts.update(num_warps=4 if D <= 64 else 8, num_stages=2)
     return opts
 
@@ -380,13 +326,13 @@ def _flash_forward(q, k, v, causal: bool, sm_scale: float, block_m: int, block_n
     o = torch.empty_like(q)
     o3 = o.view(B * H, T, D)
     lse = torch.empty(B * H, T, dtype=torch.float32, device=q.device)
-    n_m = _cdiv(T, block_m)
+    n_m = cdiv(T, block_m)
     visits = torch.zeros(B * H, n_m if count_visits else 1, dtype=torch.int32, device=q.device)
     grid = (n_m, B * H)
     _flash_fwd_kernel[grid](
         q3, k3, v3, o3, lse, visits,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), o3.stride(0), o3.stride(1),
-        T, sm_scale * _LOG2E,
+        T, sm_scale * LOG2E,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, COUNT_VISITS=count_visits,
         **_launch_opts(D, q.dtype),
     )
@@ -403,22 +349,22 @@ def _flash_backward(do, q, k, v, o, lse, causal: bool, sm_scale: float, block_m:
     opts = _launch_opts(D, q.dtype)
     precision = opts.pop("DOT_PRECISION")
 
-    _flash_bwd_preprocess[(_cdiv(T, block_m), B * H)](
+    _flash_bwd_preprocess[(cdiv(T, block_m), B * H)](
         o3, do3, delta, o3.stride(0), o3.stride(1), do3.stride(0), do3.stride(1), T,
         HEAD_DIM=D, BLOCK_M=block_m, **opts,
     )
-    _flash_bwd_dkdv_kernel[(_cdiv(T, block_n), B * H)](
+    _flash_bwd_dkdv_kernel[(cdiv(T, block_n), B * H)](
         q3, k3, v3, do3, lse, delta, dk3, dv3,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
         do3.stride(0), do3.stride(1), dk3.stride(0), dk3.stride(1), dv3.stride(0), dv3.stride(1),
-        T, sm_scale, sm_scale * _LOG2E,
+        T, sm_scale, sm_scale * LOG2E,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, DOT_PRECISION=precision, **opts,
     )
-    _flash_bwd_dq_kernel[(_cdiv(T, block_m), B * H)](
+    _flash_bwd_dq_kernel[(cdiv(T, block_m), B * H)](
         q3, k3, v3, do3, lse, delta, dq3,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
         do3.stride(0), do3.stride(1), dq3.stride(0), dq3.stride(1),
-        T, sm_scale, sm_scale * _LOG2E,
+        T, sm_scale, sm_scale * LOG2E,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, DOT_PRECISION=precision, **opts,
     )
     return dq, dk, dv

@@ -1,6 +1,6 @@
 """The selective scan as one fused Triton kernel (lesson 06): the state never leaves the chip.
 
-`lib.ssm.selective_scan_ref` is the definition: h_t = exp(Δ_t·A) ⊙ h_{t-1} + (Δ_t x_t) B_t,
+`lib.scan.selective_scan_ref` is the definition: h_t = exp(Δ_t·A) ⊙ h_{t-1} + (Δ_t x_t) B_t,
 y_t = C_t · h_t (+ D ⊙ x_t), per channel d and state entry n. In PyTorch each of those operations
 reads and writes a (B, L, D, N) tensor in main memory. The official Mamba kernel (Gu & Dao 2023,
 §3.3.2, "hardware-aware algorithm") instead loads Δ, A, B, C, x once, keeps the (D, N) state in
@@ -14,28 +14,29 @@ The work is sequential in time and parallel over batch and channels: B · D / BL
 does not, which is enough to remove the memory traffic but leaves short-and-narrow inputs with few
 programs.) Everything is computed in fp32.
 
-    selective_scan_triton   same arguments and returns as lib.ssm.selective_scan (no chunk_size); the
-                            kernel scans, and the extras of a Mamba mixer (delta_bias and softplus
-                            before, the gate z after) are applied around it in PyTorch
+    launch   the raw launcher: checked fp32 inputs in, y and the final state out. The front door,
+             with the checks, the extras of a Mamba mixer (delta_bias and softplus before, the gate z
+             after, in PyTorch) and the gradients, is `lib.scan.selective_scan_triton`
 
-Differentiable: the backward is not a kernel. It recomputes the forward with the chunked PyTorch
-scan under autograd and returns its gradients (`lib.ssm._FusedScan`), so gradients equal the
-chunked scan's (tested); the speed of the fused kernel is the forward's. (The CPU loop in
-lib/kernels/scan_cpu.py has a fused backward of its own.)
+The backward is not a kernel: `lib.scan` recomputes the forward with the chunked PyTorch scan
+under autograd and returns its gradients, so gradients equal the chunked scan's (tested); the
+speed of the fused kernel is the forward's. (The CPU loop in lib/kernels/scan_cpu.py has a fused
+backward of its own.)
 
 Like the attention kernels, it runs compiled on a CUDA GPU and in Triton's interpreter on CPU
-tensors when TRITON_INTERPRET=1 (set by `import lib` on machines without a GPU); the interpreter
+tensors when TRITON_INTERPRET=1 (`lib.kernels.runtime` sets it on machines without a GPU); the interpreter
 checks correctness, not speed.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from lib.kernels.flash import require_kernel_device, tl, triton
+from lib.kernels import runtime
 
-__all__ = ["selective_scan_triton"]
+triton, tl = runtime.load_triton()  # (None, None) without triton: importing works, launching refuses
+
+__all__ = ["launch"]
 
 
 if triton is not None:
@@ -91,8 +92,11 @@ def _block_sizes(n_ch: int, n_st: int) -> tuple[int, int]:
     return block_d, block_n
 
 
-def _launch(x, delta, A, B, C, D, h0, return_state: bool):
-    """Run the kernel on fp32 contiguous copies; y in fp32, the final state (B, D, N) or None."""
+def launch(x, delta, A, B, C, D, h0, return_state: bool):
+    """Run the kernel on fp32 contiguous copies of checked inputs (x, delta (B, L, D), A (D, N),
+    B, C (B, L, N), D (D,) or None, h0 (B, D, N) or None): y (B, L, D) in fp32 with the skip added,
+    and the final state (B, D, N), or None without return_state. No checks, no autograd: the front
+    door is `lib.scan.selective_scan_triton`, which also gives it gradients."""
     b, l, d = x.shape
     n = A.shape[1]
     f32 = [None if t is None else t.to(torch.float32).contiguous() for t in (x, delta, A, B, C, D, h0)]
@@ -107,38 +111,3 @@ def _launch(x, delta, A, B, C, D, h0, return_state: bool):
         l, d, n, HAS_D=D is not None, HAS_H0=h0 is not None, STORE_STATE=return_state,
         BLOCK_D=block_d, BLOCK_N=block_n)
     return y, (hl if return_state else None)
-
-
-def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                          D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
-                          delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                          h0: torch.Tensor | None = None, return_state: bool = False):
-    """The selective scan by one fused Triton kernel: the same arguments and result as
-    `lib.ssm.selective_scan_ref` (up to fp32 rounding), differentiable.
-
-    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; z, delta_bias and
-    delta_softplus as lib.ssm.selective_scan_ref; h0 (B, D, N) or None -> y (B, L, D) in x's dtype,
-    and with `return_state` also the final state (B, D, N) in fp32.
-    Computes in fp32: float16/bfloat16 inputs are read as fp32; float64 inputs are refused (use
-    `lib.ssm.selective_scan`, which computes in fp64 when given fp64). On CUDA tensors the kernel
-    is compiled; on CPU tensors it runs in Triton's interpreter (TRITON_INTERPRET=1).
-    """
-    from lib.ssm import _FusedScan, _check_scan_inputs, _step_sizes  # lib.ssm imports this module lazily
-
-    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
-    if not isinstance(return_state, bool):
-        raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
-    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("h0", h0), ("z", z),
-                    ("delta_bias", delta_bias)):
-        if t is not None and t.dtype == torch.float64:
-            raise TypeError(f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
-                            "use lib.ssm.selective_scan, which computes in fp64 when given fp64")
-    require_kernel_device(x.device, "selective_scan_triton", "lib.ssm.selective_scan")
-    if delta_bias is not None or delta_softplus:
-        delta = _step_sizes(delta.float(), delta_bias, delta_softplus)
-    out = _FusedScan.apply(_launch, x, delta, A, B, C, D, h0, return_state)
-    if z is None:
-        return out
-    y, h = out if return_state else (out, None)
-    y = (y.float() * F.silu(z.float())).to(x.dtype)  # the gate, in fp32 like the kernel
-    return (y, h) if return_state else y

@@ -2,7 +2,7 @@
 Beside it, the rest of a Mamba layer that costs more in PyTorch than it should: the mixer's
 convolution and RMSNorm.
 
-The chunked PyTorch scan (`lib.ssm.selective_scan` with impl="chunked") removes the reference's
+The chunked PyTorch scan (`lib.scan.selective_scan` with impl="chunked") removes the reference's
 Python step per position, but each of its tensor operations still reads and writes a slice of the
 (B, L, D, N) state sequence, and on a CPU those passes through memory, not the arithmetic, are what
 it spends its time on. The fix is the fused GPU kernel's (lib/kernels/scan.py, and the official
@@ -31,14 +31,15 @@ source, the compiler and the flags, then loaded with ctypes and checked against 
 recurrence computed here in Python. That takes about half a second once per machine. With gcc on
 x86-64 Linux and an AVX2 CPU it uses glibc's vector exp and log (libmvec); elsewhere the same
 loops with scalar calls. Where no compiler works (or ONEMASK_CPU_KERNEL=0 is set), nothing fails:
-`cpu_kernel_status()` says why, and `lib.ssm.selective_scan` uses its chunked scan instead.
+`cpu_kernel_status()` says why, and `lib.scan.selective_scan` uses its chunked scan instead.
 
-    selective_scan_cpu   same arguments and returns as lib.ssm.selective_scan_ref, plus `threads`
-    causal_conv1d_cpu    the mixer's causal depthwise convolution (lib.ssm.causal_conv1d_ref), as a
+    scan                 the fused scan (raw launcher): the front door with the checks is
+                         lib.scan.selective_scan_cpu, with the arguments of lib.scan.selective_scan_ref
+    conv                 the mixer's causal depthwise convolution (lib.conv.causal_conv1d_ref), as a
                          loop with its backward, with the SiLU after it optionally fused: PyTorch's
                          grouped conv1d costs milliseconds per call at this course's sizes, most of
-                         it in the backward
-    _rms_norm            RMSNorm over the last axis, forward and backward, for lib.norms.rms_norm
+                         it in the backward (front door: lib.conv.causal_conv1d_cpu)
+    rms_norm             RMSNorm over the last axis, forward and backward, for lib.norms.rms_norm
     cpu_kernel_status    "compiled ..." or "unavailable: <why>"; builds on first call
 
 Differentiable by its own fused backward, in the same C file: when a gradient will be needed the
@@ -67,9 +68,9 @@ from pathlib import Path
 
 import torch
 
-from lib._checks import require_int
+from lib.kernels.runtime import work_dtype
 
-__all__ = ["causal_conv1d_cpu", "cpu_kernel_available", "cpu_kernel_status", "selective_scan_cpu"]
+__all__ = ["conv", "cpu_kernel_available", "cpu_kernel_status", "rms_norm", "scan"]
 
 SOURCE = Path(__file__).with_name("scan_cpu.c")
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
@@ -270,10 +271,10 @@ def cpu_kernel_status() -> str:
 
 
 def cpu_kernel_available(*, fast: bool = False) -> bool:
-    """True when `selective_scan_cpu` can run here (see `cpu_kernel_status` for why not). With
+    """True when the C loops can run here (see `cpu_kernel_status` for why not). With
     fast=True, only if it was built with vector exponentials: with scalar exp the loop spends most
     of its time in exp and measured slower than the chunked PyTorch scan on this course's machine,
-    so lib.ssm.selective_scan's impl="auto" asks for this."""
+    so lib.scan.selective_scan's impl="auto" asks for this."""
     return _ensure_built() is not None and (_has_vector_exp() or not fast)
 
 
@@ -410,15 +411,15 @@ class _CpuScan(torch.autograd.Function):
         return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:9])), None, None)
 
 
-def _scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = None, *, z=None, delta_bias=None,
-          delta_softplus: bool = False):
-    """selective_scan_cpu without the input checks: lib.ssm calls it after its own."""
-    from lib.ssm import _work_dtype
-
+def scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = None, *, z=None, delta_bias=None,
+         delta_softplus: bool = False):
+    """The raw launcher of the fused scan, on checked CPU inputs (the shapes of
+    `lib.scan.selective_scan_ref`): y in x's dtype (and the final state). The front door, with the
+    checks, is `lib.scan.selective_scan_cpu`."""
     _require_cpu(x.device)
     if _ensure_built() is None:
-        raise RuntimeError(f"selective_scan_cpu is {_status}; use lib.ssm.selective_scan")
-    wt = _work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
+        raise RuntimeError(f"selective_scan_cpu is {_status}; use lib.scan.selective_scan")
+    wt = work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
     d = x.shape[-1]
     # casts autograd sees through; an absent skip or bias is a zero vector to the loop
     D_, bias_ = (x.new_zeros(d, dtype=wt) if t is None else t.to(wt) for t in (D, delta_bias))
@@ -432,33 +433,7 @@ def _scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = No
 def _require_cpu(device: torch.device) -> None:
     if device.type != "cpu":
         raise ValueError(f"selective_scan_cpu runs on CPU tensors, got device {device}; on a GPU use "
-                         "lib.kernels.scan.selective_scan_triton or lib.ssm.selective_scan")
-
-
-def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                       D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
-                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                       h0: torch.Tensor | None = None, return_state: bool = False, threads: int | None = None):
-    """The selective scan by one fused C loop: the same arguments and result as
-    `lib.ssm.selective_scan_ref` (up to rounding), differentiable, for CPU tensors.
-
-    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; z (B, L, D) or None,
-    the gate; delta_bias (D,) or None and delta_softplus: Δ = softplus(delta + delta_bias) (the
-    official selective_scan_fn's arguments, taken into the loop); h0 (B, D, N) or None -> y (B, L, D)
-    in x's dtype, and with `return_state` also the final state (B, D, N) in the working dtype (fp32,
-    or fp64 if any input is fp64). `threads`: how many threads share the rows (default
-    torch.get_num_threads()); the result does not depend on it. Raises RuntimeError, saying why,
-    where the kernel could not be built (then use lib.ssm.selective_scan).
-    """
-    from lib.ssm import _check_scan_inputs
-
-    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
-    if not isinstance(return_state, bool):
-        raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
-    if threads is not None:
-        require_int("threads", threads, minimum=1)
-    return _scan(x, delta, A, B, C, D, h0, return_state, threads, z=z, delta_bias=delta_bias,
-                 delta_softplus=delta_softplus)
+                         "lib.scan.selective_scan_triton or lib.scan.selective_scan")
 
 
 # --------------------------------------------------------------------------- the mixer's convolution
@@ -496,34 +471,14 @@ class _CpuConv(torch.autograd.Function):
                 gbp.sum(0) if need[2] and ctx.has_bias else None, gstate if need[3] else None, None, None)
 
 
-def causal_conv1d_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      state: torch.Tensor | None = None, *, activation: str | None = None,
-                      threads: int | None = None) -> torch.Tensor:
-    """The Mamba mixer's causal depthwise convolution by a plain C loop, differentiable: the same
-    result as `lib.ssm.causal_conv1d_ref` (up to rounding), for CPU tensors.
-
-    x (B, T, E); weight (E, 1, K) as nn.Conv1d(E, E, K, groups=E) holds it, or (E, K); bias (E,) or
-    None; state (B, E, K − 1), the inputs before x, or None (zeros) -> y (B, T, E) with
-    y[:, t] = bias + Σ_k weight[:, k] ⊙ (state, x)[t + k]: position t sees t − K + 1 .. t; with
-    activation="silu", SiLU(y), in the same loop. Computes in fp32 (fp64 if any input is fp64)
-    and returns x's dtype.
-    """
-    from lib.ssm import _check_conv_inputs
-
-    _check_conv_inputs(x, weight, bias, state, activation)
-    if threads is not None:
-        require_int("threads", threads, minimum=1)
-    return _conv(x, weight, bias, state, activation, threads)
-
-
-def _conv(x, weight, bias, state, activation=None, threads=None):
-    """causal_conv1d_cpu without the checks: lib.ssm calls it after its own."""
-    from lib.ssm import _work_dtype
-
+def conv(x, weight, bias, state, activation=None, threads=None):
+    """The raw launcher of the causal depthwise convolution, on checked CPU inputs (the shapes of
+    `lib.conv.causal_conv1d_ref`): y (B, T, E) in x's dtype. The front door is
+    `lib.conv.causal_conv1d_cpu`."""
     _require_cpu(x.device)
     if _ensure_built() is None:
-        raise RuntimeError(f"causal_conv1d_cpu is {_status}; use lib.ssm.causal_conv1d")
-    wt = _work_dtype(x, weight, bias, state)
+        raise RuntimeError(f"causal_conv1d_cpu is {_status}; use lib.conv.causal_conv1d")
+    wt = work_dtype(x, weight, bias, state)
     w2 = weight.reshape(weight.shape[0], weight.shape[-1])  # (E, K)
     y = _CpuConv.apply(x.to(wt).contiguous(), w2.to(wt).t().contiguous(),
                        None if bias is None else bias.to(wt).contiguous(),
@@ -560,7 +515,7 @@ class _CpuRMSNorm(torch.autograd.Function):
         return gx, gwp.sum(0), None, None
 
 
-def _rms_norm(x, weight, eps, threads=None):
+def rms_norm(x, weight, eps, threads=None):
     """RMSNorm over x's last axis by the C loop (checked CPU inputs of one dtype, fp32 or fp64)."""
     _require_cpu(x.device)
     if _ensure_built() is None:

@@ -1,0 +1,536 @@
+"""The selective scan: the recurrence of a state-space model, its definition and its fast forms.
+
+Follows Mamba (Gu & Dao 2023, arXiv 2312.00752): §2 for the discretised SSM, §3.2 and Algorithm 2
+for the selective SSM (S6). The model built on it is `lib.mamba`.
+
+    discretize     Ā = exp(Δ·A) (zero-order hold), B̄ = Δ·B (Euler, as the official code does)
+    recurrence     h_t = Ā_t ⊙ h_{t-1} + B̄_t x_t            per channel d and state n
+                   y_t = C_t · h_t  (+ D ⊙ x_t)               C_t contracts the N state entries
+    selective      Δ, B, C computed from x_t (S6); non-selective (LTI, S4D-like): fixed parameters
+    LTI            with fixed Ā, B̄, C the recurrence is a convolution, y = K * x with
+                   K_k = C · (Ā^k ⊙ B̄)  (`lti_kernel`, `ssm_convolution`)
+
+The scans, equal up to rounding (tests/test_ssm.py asserts it, values and gradients). Each is one
+entry of `SCANS` (name -> the scan's body, run after the checks); `selective_scan(..., impl=name)`
+is the front door to all of them, and the named functions below check their arguments and run one:
+
+    "ref"       selective_scan_ref: one Python step per position, fp32: the definition
+    "parallel"  parallel_scan_ref: Hillis-Steele doubling with `scan_combine`, log2(L) steps (teaching)
+    "chunked"   a step per position *inside* a chunk, all chunks at once, then a short loop carrying
+                the state across chunks (see `selective_scan`)
+    "cpu"       selective_scan_cpu: one fused loop in C, the state kept in cache, forward and
+                backward (`lib.kernels.scan_cpu`, compiled at first use; tests/test_scan_cpu.py)
+    "triton"    selective_scan_triton: one fused kernel, the state kept on chip (`lib.kernels.scan`,
+                compiled on a GPU, Triton's interpreter on a CPU; tests/test_scan_kernel.py)
+    "auto"      the default: "cpu" for CPU inputs where the C loop compiled here, else "chunked".
+                Measured by tools/bench_ssm.py, benchmarks/ssm_cpu.json
+
+Adding a scan: write its body with the bodies' signature, add it to `SCANS`, test it against
+`selective_scan_ref`. Kernels are launched from here (`lib.kernels` knows nothing of this module).
+
+Every scan also takes the official `selective_scan_fn`'s extras, which the mixer passes: the raw
+step with `delta_bias` and `delta_softplus` (Δ = softplus(delta + delta_bias)) and the gate `z`
+(y ⊙ silu(z)); the C loop computes them inside its loops, the others around the scan.
+
+Every exponential is of Δ·A ≤ 0 or of a sum of such terms, so nothing overflows however large Δ
+or L: the decays lie in [0, 1] and the state can only forget.
+
+Glossary (the paper's letters): B batch, L sequence length, D channels the scan runs over (d_inner
+in the model), N state size per channel (d_state), Lc chunk length. As in the paper, B, C and D
+also name the input matrix, the output matrix and the skip; in code the sizes are lower case
+(b, l, d, n).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from lib._checks import require_int, require_rank, require_tensor
+from lib.kernels.runtime import require_kernel_device, work_dtype
+
+__all__ = ["SCANS", "default_chunk_size", "discretize", "lti_kernel", "parallel_scan_ref", "recurrence", "scan_combine",
+           "selective_scan", "selective_scan_cpu", "selective_scan_ref", "selective_scan_triton", "ssm_convolution"]
+
+
+# --------------------------------------------------------------------------- input checks
+def _check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, delta_softplus=False) -> None:
+    """Shapes x, delta, z (B, L, D); A (D, N) < 0; B, C (B, L, N); D, delta_bias (D,); h0 (B, D, N);
+    delta (+ delta_bias) >= 0 unless delta_softplus."""
+    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C)):
+        require_tensor(name, t, floating=True)
+    require_rank("x", x, 3, "(B, L, D)")
+    b, l, d = x.shape
+    if b == 0 or l == 0 or d == 0:
+        raise ValueError(f"x must have shape (B, L, D) with every size >= 1, got {tuple(x.shape)}")
+    require_rank("A", A, 2, "(D, N)")
+    n = A.shape[1]
+    wanted = {"delta": (delta, "(B, L, D)", (b, l, d), "like x"), "A": (A, "(D, N)", (d, n), "with D = x.shape[-1]"),
+              "B": (B, "(B, L, N)", (b, l, n), "with N = A.shape[1]"), "C": (C, "(B, L, N)", (b, l, n), "like B")}
+    if D is not None:
+        require_tensor("D", D, floating=True)
+        wanted["D"] = (D, "(D,)", (d,), "(one skip weight per channel)")
+    if h0 is not None:
+        require_tensor("h0", h0, floating=True)
+        wanted["h0"] = (h0, "(B, D, N)", (b, d, n), "(the state before position 0)")
+    if z is not None:
+        require_tensor("z", z, floating=True)
+        wanted["z"] = (z, "(B, L, D)", (b, l, d), "like x (the gate: y ⊙ silu(z))")
+    if delta_bias is not None:
+        require_tensor("delta_bias", delta_bias, floating=True)
+        wanted["delta_bias"] = (delta_bias, "(D,)", (d,), "(one bias per channel, added to delta)")
+    if not isinstance(delta_softplus, bool):
+        raise TypeError(f"delta_softplus must be a bool, got {type(delta_softplus).__name__}")
+    for name, (t, layout, shape, note) in wanted.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {layout} = {shape} {note}, got {tuple(t.shape)}")
+    devices = {name: t.device for name, (t, *_) in wanted.items()}
+    if any(dev != x.device for dev in devices.values()):
+        raise ValueError(f"x, delta, A, B, C (and D, h0) must share one device, got x: {x.device}, "
+                         + ", ".join(f"{k}: {v}" for k, v in devices.items()))
+    if n == 0:
+        raise ValueError("A must have shape (D, N) with N >= 1 state entries per channel, got N = 0")
+    if not bool((A < 0).all()):
+        raise ValueError("A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; "
+                         f"A >= 0 makes the state grow without bound (got max {A.max().item():.4g}). "
+                         "Mamba stores A = -exp(A_log).")
+    if delta_softplus:  # any real delta: softplus makes the step size positive; NaN still fails
+        if torch.isnan(delta.min()):
+            raise ValueError("delta must not be NaN")
+        return
+    step = delta if delta_bias is None else delta + delta_bias
+    if not bool(step.min() >= 0):  # one reduction, no boolean copy; NaN fails too (min is NaN)
+        raise ValueError(f"delta{' + delta_bias' if delta_bias is not None else ''} must be >= 0: it is a step "
+                         f"size Δ (Mamba makes it positive with softplus: pass delta_softplus=True), "
+                         f"got min {step.min().item():.4g}")
+
+
+def _step_sizes(delta: torch.Tensor, delta_bias, delta_softplus: bool) -> torch.Tensor:
+    """Δ as the scan uses it: delta (+ delta_bias), through softplus if asked (in delta's dtype)."""
+    if delta_bias is not None:
+        delta = delta + delta_bias.to(delta.dtype)  # (B, L, D) + (D,)
+    return F.softplus(delta) if delta_softplus else delta
+
+
+def _finish(y: torch.Tensor, x: torch.Tensor, D, h: torch.Tensor, return_state: bool, dtype: torch.dtype, z=None):
+    """Add the skip D ⊙ x and apply the gate silu(z) (all in the working dtype), return y in
+    `dtype` (x's), h as computed."""
+    if D is not None:
+        y = y + x * D.to(y.dtype)  # (B, L, D) + (B, L, D) * (D,)
+    if z is not None:
+        y = y * F.silu(z.to(y.dtype))  # (B, L, D)
+    y = y.to(dtype)
+    return (y, h) if return_state else y
+
+
+# --------------------------------------------------------------------------- the pieces
+def discretize(delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba's discretisation: Ā = exp(Δ·A) (zero-order hold), B̄ = Δ·B (Euler; Mamba §2 and the
+    official `selective_scan_ref` simplify ZOH's B̄ = (ΔA)⁻¹(exp(ΔA) − I)·ΔB to this).
+
+    delta (..., D), A (D, N), B (..., N) with the same leading dims -> Ā, B̄ (..., D, N). With
+    delta (B, L, D) and B (B, L, N) that is per (b, l, d, n); with delta (D,), B (N,) the LTI case.
+    """
+    for name, t in (("delta", delta), ("A", A), ("B", B)):
+        require_tensor(name, t, floating=True)
+    require_rank("A", A, 2, "(D, N)")
+    if delta.dim() == 0 or delta.shape[-1] != A.shape[0]:
+        raise ValueError(f"delta must have shape (..., D) with D = A.shape[0] = {A.shape[0]}, got {tuple(delta.shape)}")
+    if B.dim() == 0 or B.shape[-1] != A.shape[1] or B.shape[:-1] != delta.shape[:-1]:
+        raise ValueError(f"B must have shape (..., N) = {(*delta.shape[:-1], A.shape[1])} (delta's leading dims, "
+                         f"N = A.shape[1]), got {tuple(B.shape)}")
+    A_bar = torch.exp(delta.unsqueeze(-1) * A)  # (..., D, 1) * (D, N) -> (..., D, N)
+    B_bar = delta.unsqueeze(-1) * B.unsqueeze(-2)  # (..., D, 1) * (..., 1, N) -> (..., D, N)
+    return A_bar, B_bar
+
+
+def scan_combine(left: tuple[torch.Tensor, torch.Tensor],
+                 right: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The associative operator of the linear recurrence.
+
+    A pair (a, b) stands for the step h -> a ⊙ h + b. Doing `left` then `right` is again such a
+    step: (a1, b1) ∘ (a2, b2) = (a1 ⊙ a2, a2 ⊙ b1 + b2). Associativity lets a parallel scan group the
+    steps in any order (Blelloch 1990; Martin & Cundy 2018). Tensors broadcast.
+    """
+    (a1, b1), (a2, b2) = left, right
+    for name, t in (("left[0]", a1), ("left[1]", b1), ("right[0]", a2), ("right[1]", b2)):
+        require_tensor(name, t, floating=True)
+    return a1 * a2, torch.addcmul(b2, a2, b1)
+
+
+# --------------------------------------------------------------------------- the scans
+def selective_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                       D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                       h0: torch.Tensor | None = None, return_state: bool = False):
+    """The selective scan as its definition: one step per position, in fp32 (fp64 if given fp64).
+
+    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; h0 (B, D, N) or None
+    (zeros) -> y (B, L, D) in x's dtype, and with `return_state` also h_L (B, D, N), the state
+    after the last position (what recurrent decoding and the next chunk start from).
+
+    The official `selective_scan_fn`'s extras, which a Mamba mixer passes so that a fused kernel
+    can take them in: delta_bias (D,) is added to delta and delta_softplus=True makes the step size
+    Δ = softplus(delta + delta_bias); z (B, L, D) gates the output, y ⊙ silu(z), after the skip.
+
+    Mirrors the official `selective_scan_ref`: Ā, B̄x precomputed, then h = Ā_t ⊙ h + B̄_t x_t
+    (`recurrence`), y_t = C_t · h, the outputs stacked once.
+    """
+    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    return _scan_ref(x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+
+
+def recurrence(A_bar: torch.Tensor, Bx: torch.Tensor, h: torch.Tensor):
+    """The recurrence itself, one position at a time: yields h_t = Ā_t ⊙ h_{t-1} + B̄_t x_t for
+    t = 0..L−1, from A_bar, Bx (B, L, D, N) and the state h (B, D, N) before position 0.
+
+    Slices are taken with `unbind` and nothing is written in place: writing into or indexing a
+    growing tensor inside the loop would make autograd's backward quadratic in L."""
+    for a_t, bx_t in zip(A_bar.unbind(1), Bx.unbind(1)):  # (B, D, N), (B, D, N)
+        h = a_t * h + bx_t  # (B, D, N)
+        yield h
+
+
+def _scan_ref(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
+    wt = work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
+    x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    delta = _step_sizes(delta, delta_bias, delta_softplus)  # (B, L, D)
+    b, l, d = x_.shape
+    A_bar = (delta.unsqueeze(-1) * A).exp_()  # (B, L, D, 1) * (D, N) -> (B, L, D, N); in place: no second buffer
+    Bx = (delta * x_).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, 1) * (B, L, 1, N) -> (B, L, D, N)
+    h = x_.new_zeros(b, d, A.shape[1]) if h0 is None else h0.to(wt)  # (B, D, N)
+    ys = []
+    for h, c_t in zip(recurrence(A_bar, Bx, h), C.unbind(1)):  # (B, D, N), (B, N)
+        ys.append((h * c_t.unsqueeze(1)).sum(-1))  # (B, D, N) · (B, 1, N) -> (B, D)
+    y = torch.stack(ys, dim=1)  # L x (B, D) -> (B, L, D)
+    return _finish(y, x_, D, h, return_state, x.dtype, z)
+
+
+def default_chunk_size(L: int) -> int:
+    """The chunk length `selective_scan` uses for a sequence of L positions when none is given.
+
+    The chunked scan takes about 2·Lc + L/Lc Python steps (two passes over the positions of a
+    chunk, one over the chunks); their sum is smallest near Lc = sqrt(L/2), rounded here to a
+    power of two (32 at L = 2048). tools/bench_ssm.py sweeps Lc at L = 2048 and records it in
+    benchmarks/ssm_cpu.json; on a 2-core CPU with one thread, Lc = 16, 32 and 64 measured within
+    10% of each other, smaller and larger chunks slower.
+    """
+    require_int("L", L, minimum=1)
+    return min(L, max(4, 2 ** math.floor(math.log2(math.sqrt(L / 2)) + 0.5)))  # the nearest power of two
+
+
+def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                   delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                   h0: torch.Tensor | None = None, return_state: bool = False,
+                   chunk_size: int | None = None, impl: str = "auto", threads: int | None = None):
+    """The selective scan without a Python step per position: the same result as
+    `selective_scan_ref` (same arguments, same returns, up to rounding). Differentiable.
+
+    impl picks how (any name of `SCANS`):
+      "chunked"  the algorithm below, in PyTorch: about 2·Lc + L/Lc Python steps instead of L,
+                 any device, gradients by autograd; `chunk_size` sets Lc;
+      "cpu"      one fused loop in C that keeps the state in cache, and a fused reverse-time loop
+                 for its gradients (CPU tensors); delta_bias, delta_softplus and the gate z are
+                 taken into the loops there, while the other scans apply them around the scan;
+                 `threads` sets how many threads share it (the result does not depend on it);
+      "auto"     "cpu" when the tensors are on the CPU, no chunk_size is given and the C loop
+                 compiled here with vector exponentials (`lib.kernels.scan_cpu.cpu_kernel_status()`
+                 says how it was built, or why not); otherwise "chunked";
+      "ref", "parallel", "triton"  as `selective_scan_ref`, `parallel_scan_ref`, `selective_scan_triton`.
+
+    The chunked scan: the sequence is cut into L/Lc chunks of Lc positions (the last padded with Δ = 0: Ā = 1 and
+    B̄x = 0, so the state passes through the padding unchanged). Then:
+
+      1. each chunk's own final state, starting from zero: Lc steps, every chunk at once;
+      2. the carry: the state entering chunk c is H_c = exp(A · ΣΔ over chunk c-1) ⊙ H_{c-1} +
+         (chunk c-1's own state): a loop over chunks on one state per sequence. ΣΔ is the segment
+         sum of Δ over the chunk (log space: the decay's logarithm); the decay is <= 1;
+      3. each chunk again from its true start state H_c, reading y_t = C_t · h_t: Lc steps.
+
+    Why not the quadratic "segment-sum" form of Mamba-2's SSD (decay exp(cumsum_t − cumsum_s) for
+    s <= t as a masked (Lc, Lc) matrix, then a matmul)? In Mamba-2 A is a scalar per head, so the
+    decay matrix is shared by all N state entries and N contracts in a matmul. Here Ā depends on
+    the channel d and the state entry n, so that matrix is (B, L/Lc, Lc, Lc, D, N): Lc times the
+    work and memory of the scan itself (2 GB at L = 4096, Lc = 64 for the benchmark's sizes), and it
+    measured slower than the plain loop on a CPU. The form above does the linear amount of work.
+    """
+    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    if impl not in SCANS:
+        raise ValueError(f"impl must be one of {tuple(SCANS)}, got {impl!r}")
+    _check_return_state(return_state)
+    opts = {}
+    if chunk_size is not None:
+        require_int("chunk_size", chunk_size, minimum=1)
+        if impl not in ("auto", "chunked"):
+            raise ValueError(f"chunk_size is for impl='chunked' (impl={impl!r} has no chunks); leave it None")
+        opts["chunk_size"] = chunk_size
+    if threads is not None:
+        require_int("threads", threads, minimum=1)
+        if impl != "cpu":
+            raise ValueError(f"threads is for impl='cpu' (the fused C loop), got impl={impl!r}; leave it None")
+        opts["threads"] = threads
+    return SCANS[impl](x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias,
+                       delta_softplus=delta_softplus, **opts)
+
+
+def _check_return_state(return_state) -> None:
+    if not isinstance(return_state, bool):
+        raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
+
+
+def _uses_cpu_kernel(tensors, chunk_size) -> bool:
+    """selective_scan's impl="auto" rule: the fused C loop (forward and backward) for CPU inputs."""
+    x = tensors[0]
+    if chunk_size is not None or x.device.type != "cpu" or work_dtype(*tensors) not in (torch.float32, torch.float64):
+        return False
+    from lib.kernels.scan_cpu import cpu_kernel_available  # imported on first use (it builds the C library)
+    return cpu_kernel_available(fast=True)
+
+
+def _scan_auto(x, delta, A, B, C, D, h0, return_state, chunk_size=None, **extras):
+    if _uses_cpu_kernel((x, delta, A, B, C, D, h0, extras.get("z"), extras.get("delta_bias")), chunk_size):
+        return _scan_cpu(x, delta, A, B, C, D, h0, return_state, **extras)
+    return _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size, **extras)
+
+
+class _FusedScan(torch.autograd.Function):
+    """A fused scan kernel's forward, with the chunked scan's gradients.
+
+    apply(launch, x, delta, A, B, C, D, h0, return_state): `launch` (a kernel's launcher) returns
+    y with the skip added and the final state (or None). The backward does not store or replay the
+    kernel: it recomputes the forward with the chunked PyTorch scan under autograd and returns its
+    gradients, as the official Mamba kernel recomputes instead of storing the states. Used for
+    the Triton kernel (`_scan_triton`); the C loop has its own fused backward (lib.kernels.scan_cpu).
+    """
+
+    @staticmethod
+    def forward(ctx, launch, x, delta, A, B, C, D, h0, return_state):
+        y, hl = launch(x, delta, A, B, C, D, h0, return_state)
+        ctx.save_for_backward(x, delta, A, B, C, D, h0)
+        ctx.return_state = return_state
+        y = y.to(x.dtype)
+        return (y, hl) if return_state else y
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = ctx.saved_tensors  # x, delta, A, B, C, D, h0 (None where not given)
+        wants = [t is not None and need for t, need in zip(inputs, ctx.needs_input_grad[1:8])]
+        leaves = [None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wants)]
+        with torch.enable_grad():
+            out = _scan_chunked(*leaves, ctx.return_state)
+        outs = list(out) if ctx.return_state else [out]
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+        wanted = [leaf for leaf, w in zip(leaves, wants) if w]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                   if pairs and wanted else [])
+        return (None, *[next(got) if w else None for w in wants], None)
+
+
+def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None, *, z=None, delta_bias=None,
+                  delta_softplus=False):
+    wt = work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
+    x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    delta = _step_sizes(delta, delta_bias, delta_softplus)  # (B, L, D)
+    b, l, d = x_.shape
+    n = A.shape[1]
+    lc = min(chunk_size or default_chunk_size(l), l)
+    nc = -(-l // lc)  # chunks, rounded up
+    u = delta * x_  # (B, L, D): Δ_t x_t, the input before B spreads it over the state
+    if nc * lc != l:  # pad the time axis; Δ = 0 keeps the state unchanged through the padding
+        delta, u, B, C = (F.pad(t, (0, 0, 0, nc * lc - l)) for t in (delta, u, B, C))
+
+    def by_position(t):  # (B, nc·Lc, k) -> (Lc, B, nc, k): one slice per position in a chunk
+        return t.view(b, nc, lc, t.shape[-1]).permute(2, 0, 1, 3).contiguous()
+
+    delta_p, u_p, B_p, C_p = map(by_position, (delta, u, B, C))
+    # The state is held as (N, D), D innermost: reading y_t = C_t · h_t is then a (1, N) @ (N, D)
+    # matmul, several times faster on a CPU than a product and a sum over a short innermost N.
+    At = A.t()  # (N, D)
+    # Ā_t = exp(Δ_t A), (B, nc, N, D) per position, made inside pass 1 where it is first used: a
+    # slice that fits in the CPU's cache is written, exponentiated and read there, instead of one
+    # (Lc, B, nc, N, D) tensor streamed through main memory twice first. Pass 3 reads the list.
+    deltas = delta_p.unsqueeze(-2).unbind(0)  # Lc x (B, nc, 1, D)
+    a = []
+    # B̄_t x_t = B_t ⊗ (Δ_t x_t) is formed inside each step from its two small factors, not stored
+    # for all positions: the loops are memory-bound, and reading one fewer (B, L, N, D) tensor twice
+    # saves more than the step's extra multiply costs.
+    Bs, us, c = B_p.unsqueeze(-1).unbind(0), u_p.unsqueeze(-2).unbind(0), C_p.unsqueeze(-2).unbind(0)
+    # Lc x (B, nc, N, 1), (B, nc, 1, D), (B, nc, 1, N)
+
+    h = Bs[0] * us[0]  # 1. every chunk's own final state, from zero: (B, nc, N, D)
+    a.append((deltas[0] * At).exp_())  # (B, nc, 1, D) * (N, D) -> (B, nc, N, D)
+    for t in range(1, lc):
+        a.append((deltas[t] * At).exp_())
+        h = torch.addcmul(a[t] * h, Bs[t], us[t])  # (B, nc, N, D): Ā_t ⊙ h + B_t ⊗ Δ_t x_t
+    chunk_decay = torch.exp(delta_p.sum(0).unsqueeze(-2) * At)  # (B, nc, 1, D) * (N, D) -> (B, nc, N, D), <= 1
+
+    carry = x_.new_zeros(b, n, d) if h0 is None else h0.to(wt).transpose(1, 2)  # 2. the carry: (B, N, D)
+    starts = []
+    for decay_c, own_c in zip(chunk_decay.unbind(1), h.unbind(1)):
+        starts.append(carry)
+        carry = torch.addcmul(own_c, decay_c, carry)  # the state leaving chunk c
+    h = torch.stack(starts, dim=1)  # (B, nc, N, D): the state entering each chunk
+
+    ys = []  # 3. every chunk from its true start
+    for t in range(lc):
+        h = torch.addcmul(a[t] * h, Bs[t], us[t])  # (B, nc, N, D)
+        ys.append(torch.matmul(c[t], h))  # (B, nc, 1, N) @ (B, nc, N, D) -> (B, nc, 1, D)
+    y = torch.cat(ys, dim=2).view(b, nc * lc, d)[:, :l]  # Lc x (B, nc, 1, D) -> (B, nc, Lc, D) -> (B, L, D)
+    return _finish(y, x_, D, carry.transpose(1, 2).contiguous(), return_state, x.dtype, z)  # state (B, D, N)
+
+
+def parallel_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                      D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                      delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                      h0: torch.Tensor | None = None, return_state: bool = False):
+    """The selective scan by Hillis-Steele doubling (1986): log2(L) rounds of `scan_combine`, each
+    over all positions at once. Same arguments and result as `selective_scan_ref`.
+
+    After round r, position t holds the composition of steps t − 2^r + 1 .. t (identity steps
+    (1, 0) stand in before position 0). It does L·log2(L) combines instead of L, and every round
+    writes new (B, L, D, N) tensors (autograd keeps them all): a teaching implementation.
+    """
+    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    return _scan_parallel(x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias,
+                          delta_softplus=delta_softplus)
+
+
+def _scan_parallel(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
+    wt = work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
+    x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    delta = _step_sizes(delta, delta_bias, delta_softplus)  # (B, L, D)
+    l = x_.shape[1]
+    a = torch.exp(delta.unsqueeze(-1) * A)  # (B, L, D, N)
+    h = (delta * x_).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, N): becomes h_t once every step is folded in
+    if h0 is not None:  # the state before position 0 enters through the first step's offset
+        h = torch.cat([h[:, :1] + a[:, :1] * h0.to(wt).unsqueeze(1), h[:, 1:]], dim=1)
+    k = 1
+    while k < l:
+        a_prev = torch.cat([torch.ones_like(a[:, :k]), a[:, :-k]], dim=1)  # (B, L, D, N): steps ending at t - k
+        h_prev = torch.cat([torch.zeros_like(h[:, :k]), h[:, :-k]], dim=1)
+        a, h = scan_combine((a_prev, h_prev), (a, h))
+        k *= 2
+    y = (h * C.unsqueeze(2)).sum(-1)  # (B, L, D, N) · (B, L, 1, N) -> (B, L, D)
+    return _finish(y, x_, D, h[:, -1], return_state, x.dtype, z)
+
+
+# --------------------------------------------------------------------------- the fused kernels
+def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                       D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                       h0: torch.Tensor | None = None, return_state: bool = False, threads: int | None = None):
+    """The selective scan by one fused C loop (`lib.kernels.scan_cpu`): the same arguments and
+    result as `selective_scan_ref` (up to rounding), differentiable, for CPU tensors.
+
+    x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; z (B, L, D) or None,
+    the gate; delta_bias (D,) or None and delta_softplus: Δ = softplus(delta + delta_bias) (the
+    official selective_scan_fn's arguments, taken into the loop); h0 (B, D, N) or None -> y (B, L, D)
+    in x's dtype, and with `return_state` also the final state (B, D, N) in the working dtype (fp32,
+    or fp64 if any input is fp64). `threads`: how many threads share the rows (default
+    torch.get_num_threads()); the result does not depend on it. Raises RuntimeError, saying why,
+    where the loop could not be built (then use `selective_scan`, which falls back by itself).
+    """
+    return selective_scan(x, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus, h0=h0,
+                          return_state=return_state, impl="cpu", threads=threads)
+
+
+def _scan_cpu(x, delta, A, B, C, D, h0, return_state, threads=None, **extras):
+    from lib.kernels import scan_cpu  # imported on first use (it builds the C library)
+    return scan_cpu.scan(x, delta, A, B, C, D, h0, return_state, threads, **extras)
+
+
+def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                          D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
+                          delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                          h0: torch.Tensor | None = None, return_state: bool = False):
+    """The selective scan by one fused Triton kernel (`lib.kernels.scan`): the same arguments and
+    result as `selective_scan_ref` (up to fp32 rounding), differentiable (the backward recomputes
+    with the chunked scan: `_FusedScan`).
+
+    Returns y (B, L, D) in x's dtype, and with `return_state` also the final state (B, D, N) in
+    fp32. Computes in fp32: float16/bfloat16 inputs are read as fp32; float64 inputs are refused
+    (use `selective_scan`, which computes in fp64 when given fp64). On CUDA tensors the kernel is
+    compiled; on CPU tensors it runs in Triton's interpreter (TRITON_INTERPRET=1). The mixer's
+    extras are applied around the kernel in PyTorch: delta_bias and softplus before, the gate after.
+    """
+    return selective_scan(x, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus, h0=h0,
+                          return_state=return_state, impl="triton")
+
+
+def _scan_triton(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
+    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("h0", h0), ("z", z),
+                    ("delta_bias", delta_bias)):
+        if t is not None and t.dtype == torch.float64:
+            raise TypeError(f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
+                            "use lib.scan.selective_scan, which computes in fp64 when given fp64")
+    require_kernel_device(x.device, "selective_scan_triton", "lib.scan.selective_scan")
+    from lib.kernels import scan as triton_scan  # imported on first use (it imports triton)
+
+    if delta_bias is not None or delta_softplus:
+        delta = _step_sizes(delta.float(), delta_bias, delta_softplus)
+    out = _FusedScan.apply(triton_scan.launch, x, delta, A, B, C, D, h0, return_state)
+    if z is None:
+        return out
+    y, h = out if return_state else (out, None)
+    y = (y.float() * F.silu(z.float())).to(x.dtype)  # the gate, in fp32 like the kernel
+    return (y, h) if return_state else y
+
+
+# The table of scans: name -> body(x, delta, A, B, C, D, h0, return_state, *, z, delta_bias,
+# delta_softplus[, chunk_size or threads]), run after the checks. lib.mamba calls these directly.
+SCANS: dict[str, Callable] = {"auto": _scan_auto, "chunked": _scan_chunked, "cpu": _scan_cpu, "ref": _scan_ref,
+                              "parallel": _scan_parallel, "triton": _scan_triton}
+
+
+# --------------------------------------------------------------------------- LTI: a convolution
+def lti_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, L: int) -> torch.Tensor:
+    """The convolution kernel of a time-invariant diagonal SSM: K_k = Σ_n C_n Ā_n^k B̄_n, k < L.
+
+    A_bar, B_bar (D, N) (fixed over time: one Δ per channel); C (N,) or (D, N) -> K (D, L). Then
+    y = K * x (`ssm_convolution`) equals the recurrence h_t = Ā ⊙ h_{t-1} + B̄ x_t, y_t = C · h_t
+    started from zero (S4, Gu et al. 2021, §3.2; the Vandermonde form of S4D).
+    """
+    for name, t in (("A_bar", A_bar), ("B_bar", B_bar), ("C", C)):
+        require_tensor(name, t, floating=True)
+    require_rank("A_bar", A_bar, 2, "(D, N)")
+    require_int("L", L, minimum=1)
+    if tuple(B_bar.shape) != tuple(A_bar.shape):
+        raise ValueError(f"B_bar must have shape (D, N) = {tuple(A_bar.shape)} like A_bar, got {tuple(B_bar.shape)}")
+    if tuple(C.shape) not in ((A_bar.shape[1],), tuple(A_bar.shape)):
+        raise ValueError(f"C must have shape (N,) = ({A_bar.shape[1]},) or (D, N) = {tuple(A_bar.shape)}, "
+                         f"got {tuple(C.shape)}")
+    k = torch.arange(L, device=A_bar.device, dtype=A_bar.dtype)  # (L,)
+    powers = A_bar.unsqueeze(-1) ** k  # (D, N, 1) ** (L,) -> (D, N, L): Ā^k, a Vandermonde matrix per channel
+    return torch.einsum("dnl,dn->dl", powers, C * B_bar)  # (D, N, L) · (D, N) -> (D, L)
+
+
+def ssm_convolution(x: torch.Tensor, K: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
+    """The causal depthwise convolution y_t = Σ_{k<=t} K_k ⊙ x_{t−k} (+ D ⊙ x_t), by FFT (as S4).
+
+    x (B, L, D); K (D, L_K) with L_K >= L (`lti_kernel`); D (D,) or None -> y (B, L, D). Both
+    signals are zero-padded to 2L so the FFT's circular convolution does not wrap around.
+    """
+    require_tensor("x", x, floating=True)
+    require_tensor("K", K, floating=True)
+    require_rank("x", x, 3, "(B, L, D)")
+    require_rank("K", K, 2, "(D, L_K)")
+    b, l, d = x.shape
+    if K.shape[0] != d or K.shape[1] < l:
+        raise ValueError(f"K must have shape (D, L_K) with D = {d} and L_K >= L = {l}, got {tuple(K.shape)}")
+    if D is not None:
+        require_tensor("D", D, floating=True)
+        if tuple(D.shape) != (d,):
+            raise ValueError(f"D must have shape (D,) = ({d},), got {tuple(D.shape)}")
+    wt = work_dtype(x, K)
+    xf = torch.fft.rfft(x.to(wt).transpose(1, 2), n=2 * l)  # (B, D, L) -> (B, D, L + 1) complex
+    kf = torch.fft.rfft(K[:, :l].to(wt), n=2 * l)  # (D, L) -> (D, L + 1)
+    y = torch.fft.irfft(xf * kf, n=2 * l)[..., :l].transpose(1, 2)  # (B, D, 2L) -> (B, L, D)
+    if D is not None:
+        y = y + x.to(wt) * D.to(wt)
+    return y.to(x.dtype)
+
+
