@@ -16,7 +16,6 @@ Every number comes from `lib.kv_cache`; this module only arranges and draws them
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass, replace
 
 import plotly.graph_objects as go
@@ -34,7 +33,8 @@ from lib.kv_cache import (
     max_batch,
     max_context,
 )
-from widgets._render import OKABE_ITO, live_mimebundle, redraw
+from widgets._base import LiveView, move_control
+from widgets._render import OKABE_ITO
 
 __all__ = ["KVCalcState", "KVCalculator", "attention_kinds_figure", "calculator_numbers", "kv_calculator_figure"]
 
@@ -266,7 +266,7 @@ def attention_kinds_figure(batch: int = 1, context: int = 4096, dtype: str = "fp
     return fig
 
 
-class KVCalculator:
+class KVCalculator(LiveView):
     """Live face: a model menu and sliders above the same figure, redrawn in place.
 
     Choosing a model fills the shape sliders with its config; moving a shape slider switches the
@@ -299,57 +299,33 @@ class KVCalculator:
             "weight_dtype": menu("weight dtype", list(DTYPE_BYTES)),
             "gpu": menu("GPU", list(GPU_MEMORY_GB)),
         }
-        self._redrawing = False
-        self.state = state
-        self._sync_controls(state)
-        self.figure = go.FigureWidget(self._figure(state))
-        for name, control in self.controls.items():
-            control.observe(functools.partial(self._on_change, name), names="value")
         c = self.controls
         row = W.Layout(flex_flow="row wrap")
-        self.widget = W.VBox([
+        self._start(state, lambda figure: W.VBox([
             W.HBox([c["model"], c["gpu"], c["dtype"], c["weight_dtype"]], layout=row),
             W.HBox([c["n_layers"], c["n_heads"], c["n_kv_heads"], c["head_dim"]], layout=row),
             W.HBox([c["batch"], c["context"]], layout=row),
-            self.figure,
-        ])
+            figure,
+        ]))
 
     @staticmethod
     def _figure(state: KVCalcState) -> go.Figure:
         # A fixed width: inside a widget area plotly's autosize picks a cramped default.
         return kv_calculator_figure(state).update_layout(width=1000)
 
+    def _checked(self, state: KVCalcState) -> KVCalcState:
+        return _resolve(state, {})
+
     def _sync_controls(self, state: KVCalcState) -> None:
         """Move the controls to `state`, widening a slider or adding a menu option it lacks."""
-        self._redrawing = True
-        try:
+        with self._quietly():
             for name, control in self.controls.items():
                 value = getattr(state, name)
-                if hasattr(control, "max"):
-                    control.max = max(control.max, value)
-                elif name in ("head_dim", "context") and value not in control.options:
+                if name in ("head_dim", "context") and value not in control.options:
                     control.options = sorted([*control.options, value])
-                control.value = value
-        finally:
-            self._redrawing = False
+                move_control(control, value)
 
-    def _on_change(self, name: str, change: dict) -> None:
-        if self._redrawing:  # set_state itself moved a control
-            return
-        value = change["new"]
+    def _state_from_controls(self, name: str, value) -> KVCalcState:
         if name in SHAPE_FIELDS:
-            state = replace(self.state, model=CUSTOM, **{name: value})
-        else:
-            state = replace(self.state, **{name: value})  # a published model refills the shape in clamped()
-        self.set_state(state)
-
-    def set_state(self, state: KVCalcState) -> None:
-        """Redraw for `state` (also what every control change calls)."""
-        state = _resolve(state, {})
-        new = self._figure(state)
-        self.state = state
-        self._sync_controls(state)
-        redraw(self.figure, new)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return live_mimebundle(self.widget, "KVCalculator", **kwargs)
+            return replace(self.state, model=CUSTOM, **{name: value})
+        return replace(self.state, **{name: value})  # a published model refills the shape in clamped()

@@ -21,7 +21,8 @@ from plotly.subplots import make_subplots
 from lib.attention import attention_scores, attention_weights
 from lib.masks import MASK_KINDS, build_mask, combine_masks, padding_mask
 from lib.toy import pad_tokens, simple_tokenize, toy_qkv
-from widgets._render import DIVERGING, MASKED_COLOUR, OPEN_COLOUR, SEQUENTIAL, live_mimebundle, redraw
+from widgets._base import LiveView
+from widgets._render import DIVERGING, MASKED_COLOUR, OPEN_COLOUR, SEQUENTIAL
 
 __all__ = ["KIND_LABELS", "MaskExplorer", "MaskState", "attention_heatmap", "explorer_matrices", "mask_explorer_figure"]
 
@@ -217,15 +218,13 @@ def _zoo_buttons(state: MaskState) -> dict:
     }
 
 
-class MaskExplorer:
+class MaskExplorer(LiveView):
     """Live face: controls on top, the same figure below, redrawn in place on every change."""
 
     def __init__(self, state: MaskState | None = None, **changes):
         import ipywidgets as W
 
-        state = (state or MaskState()) if not changes else replace(state or MaskState(), **changes)
-        self.state = state.clamped()
-        s = self.state
+        s = replace(state or MaskState(), **changes).clamped()
         T = len(s.tokens())
         style = {"description_width": "initial"}
         self.controls = {
@@ -239,53 +238,33 @@ class MaskExplorer:
             "window": W.IntSlider(value=s.window, min=1, max=T, description="window", style=style),
             "d_k": W.Dropdown(options=[4, 16, 64, 256], value=s.d_k, description="d_k", style=style),
         }
-        self.figure = go.FigureWidget(self._figure(s))
-        self._redrawing = False
-        for name, control in self.controls.items():
-            control.observe(self._on_change, names="value")
-        self._sync_enabled()
         c = self.controls
-        self.widget = W.VBox([
+        self._start(s, lambda figure: W.VBox([
             W.HBox([c["sentence"], c["kind"], c["d_k"]]),
             W.HBox([c["n_pad"], c["pad_side"], c["prefix_len"], c["window"]]),
-            self.figure,
-        ])
+            figure,
+        ]))
 
     @staticmethod
     def _figure(state: MaskState) -> go.Figure:
         # A fixed width: inside a widget area plotly's autosize picks a cramped default.
         return mask_explorer_figure(state).update_layout(width=1050)
 
-    def _sync_enabled(self) -> None:
-        self.controls["prefix_len"].disabled = self.state.kind != "prefix-lm"
-        self.controls["window"].disabled = self.state.kind != "sliding-window"
-        self.controls["pad_side"].disabled = self.state.n_pad == 0
+    def _checked(self, state: MaskState) -> MaskState:
+        return state.clamped()
 
-    def _on_change(self, _change=None) -> None:
-        if self._redrawing:  # set_state itself moved a slider
-            return
-        values = {name: c.value for name, c in self.controls.items()}
-        self.set_state(replace(self.state, **values))
-
-    def set_state(self, state: MaskState) -> None:
-        """Redraw for `state` (also what every control change calls)."""
-        state = state.clamped()
+    def _sync_controls(self, state: MaskState) -> None:
+        """Move the controls to `state`: the prefix and window sliders reach T, and a control the
+        mask does not use is greyed out."""
         T = len(state.tokens())
-        self._redrawing = True
-        try:
+        with self._quietly():
             for name, control in self.controls.items():
                 if name in ("prefix_len", "window"):
                     control.max = T
                 control.value = getattr(state, name)
-        finally:
-            self._redrawing = False
-        self.state = state
-        self._sync_enabled()
-        new = self._figure(state)
-        redraw(self.figure, new)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return live_mimebundle(self.widget, "MaskExplorer", **kwargs)
+        self.controls["prefix_len"].disabled = state.kind != "prefix-lm"
+        self.controls["window"].disabled = state.kind != "sliding-window"
+        self.controls["pad_side"].disabled = state.n_pad == 0
 
 
 def attention_heatmap(weights, mask, tokens: list[str], title: str) -> go.Figure:

@@ -29,7 +29,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lib.paging import RESERVE_RULES, SimResult, make_workload, simulate_serving
-from widgets._render import OKABE_ITO, live_mimebundle, redraw
+from widgets._base import LiveView
+from widgets._render import OKABE_ITO
 
 __all__ = ["STATES", "MemoryMapState", "MemoryMapView", "memory_grid", "memory_map_figure", "memory_map_pair",
            "memory_map_view_figure", "sweep_figure", "utilisation_figure"]
@@ -277,7 +278,7 @@ def _min_capacity(max_len: int) -> int:
     return -(-(max_len + BLOCK_SLIDER_MAX - 1) // 256) * 256
 
 
-class MemoryMapView:
+class MemoryMapView(LiveView):
     """Live face: block size, arrival rate, capacity, reserve rule and seed; both runs redrawn."""
 
     def __init__(self, state: MemoryMapState | None = None, **changes):
@@ -298,39 +299,10 @@ class MemoryMapView:
                                   style=style),
             "seed": W.IntSlider(value=0, min=0, max=9, description="seed", style=style),
         }
-        self._redrawing = False
-        self.state = state
-        self._sync_controls(state)
-        self.figure = go.FigureWidget(memory_map_view_figure(state))
-        for control in self.controls.values():
-            control.observe(self._on_change, names="value")
         c = self.controls
-        self.widget = W.VBox([W.HBox([c["block_size"], c["arrival_rate"], c["capacity_tokens"]]),
-                              W.HBox([c["reserve"], c["seed"]]), self.figure])
+        self._start(state, lambda figure: W.VBox([W.HBox([c["block_size"], c["arrival_rate"], c["capacity_tokens"]]),
+                                                  W.HBox([c["reserve"], c["seed"]]), figure]))
 
-    def _sync_controls(self, state: MemoryMapState) -> None:
-        """Move the controls to `state`, widening a slider's range if the state lies outside it."""
-        self._redrawing = True
-        try:
-            for name, control in self.controls.items():
-                value = getattr(state, name)
-                if hasattr(control, "max"):
-                    control.max, control.min = max(control.max, value), min(control.min, value)
-                control.value = value
-        finally:
-            self._redrawing = False
-
-    def _on_change(self, _change=None) -> None:
-        if self._redrawing:
-            return
-        self.set_state(replace(self.state, **{name: c.value for name, c in self.controls.items()}))
-
-    def set_state(self, state: MemoryMapState) -> None:
-        """Simulate and redraw for `state` (also what every control change calls)."""
-        new = memory_map_view_figure(state)
-        self.state = state
-        self._sync_controls(state)
-        redraw(self.figure, new)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return live_mimebundle(self.widget, "MemoryMapView", **kwargs)
+    def _figure(self, state: MemoryMapState) -> go.Figure:
+        """Simulate both policies for `state` and draw them."""
+        return memory_map_view_figure(state)

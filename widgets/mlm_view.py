@@ -18,7 +18,8 @@ import plotly.graph_objects as go
 import torch
 
 from lib.bert import minilm_tokenizer, mlm_corrupt
-from widgets._render import OKABE_ITO, live_mimebundle, redraw
+from widgets._base import LiveView
+from widgets._render import OKABE_ITO
 
 __all__ = ["FATES", "MLMState", "MLMView", "corruption_table", "mlm_view_figure"]
 
@@ -112,14 +113,13 @@ def mlm_view_figure(state: MLMState | None = None, *, seeds: int = 0, **changes)
     return fig
 
 
-class MLMView:
+class MLMView(LiveView):
     """Live face: sentence box, probability and seed sliders, the figure redrawn in place."""
 
     def __init__(self, state: MLMState | None = None, **changes):
         import ipywidgets as W
 
-        self.state = replace(state or MLMState(), **changes)
-        s = self.state
+        s = replace(state or MLMState(), **changes)
         style = {"description_width": "initial"}
         self.controls = {
             "sentence": W.Text(value=s.sentence, description="sentence", continuous_update=False,
@@ -128,18 +128,8 @@ class MLMView:
                                   style=style, readout_format=".2f"),
             "seed": W.IntSlider(value=s.seed, min=0, max=99, description="seed", style=style),
         }
-        self.figure = go.FigureWidget(mlm_view_figure(s))
-        for c in self.controls.values():
-            c.observe(self._on_change, names="value")
-        self.widget = W.VBox([self.controls["sentence"], W.HBox([self.controls["prob"], self.controls["seed"]]), self.figure])
+        c = self.controls
+        self._start(s, lambda figure: W.VBox([c["sentence"], W.HBox([c["prob"], c["seed"]]), figure]))
 
-    def _on_change(self, _change=None) -> None:
-        self.set_state(MLMState(**{name: c.value for name, c in self.controls.items()}))
-
-    def set_state(self, state: MLMState) -> None:
-        self.state = state
-        new = mlm_view_figure(state)
-        redraw(self.figure, new)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return live_mimebundle(self.widget, "MLMView", **kwargs)
+    def _figure(self, state: MLMState) -> go.Figure:
+        return mlm_view_figure(state)

@@ -27,6 +27,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from widgets._base import as_array, rounded
 from widgets._render import OKABE_ITO, live_mimebundle, redraw
 
 __all__ = ["RouterView", "balance_figure", "check_router_runs", "router_figure"]
@@ -38,18 +39,6 @@ STRIP_WIDTH = 32  # probe tokens per row of the assignment strip
 EXPERT_COLOURS = OKABE_ITO[:7] + ["#999999"]
 DASHES = ["solid", "dash", "dot", "dashdot"]  # with E > 8 colours repeat; the dash tells lines apart
 RECORD_KEYS = ("load", "loss", "aux_loss", "assignments", "assignment_steps", "tokens")
-
-
-def _as_array(name: str, x) -> np.ndarray:
-    if hasattr(x, "detach"):  # a torch tensor, without importing torch here
-        x = x.detach().cpu().numpy()
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be numbers (an array, list or tensor): {err}") from None
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} holds non-finite values (inf or NaN): nothing sensible to draw")
-    return arr
 
 
 def _as_record(name: str, run) -> dict:
@@ -66,7 +55,7 @@ def _check_assignments(name: str, rec: dict, S: int, L: int, E: int) -> dict:
         raise ValueError(f"runs[{name!r}] has 'assignment_steps' but no 'assignments'")
     if "assignments" not in rec:
         return {}
-    a = _as_array(f"runs[{name!r}]['assignments']", rec["assignments"])
+    a = as_array(f"runs[{name!r}]['assignments']", rec["assignments"])
     if a.ndim == 2:
         a = a[:, None, :]  # (S', n) -> (S', 1, n): one layer's routing
     if a.ndim != 3 or a.shape[1] not in (1, L) or a.shape[0] < 1 or a.shape[2] < 1:
@@ -75,7 +64,7 @@ def _check_assignments(name: str, rec: dict, S: int, L: int, E: int) -> dict:
     if (a != np.round(a)).any() or a.min() < 0 or a.max() > E - 1:
         raise ValueError(f"runs[{name!r}]['assignments'] must be expert ids, ints in [0, {E - 1}]")
     if "assignment_steps" in rec:
-        steps = _as_array(f"runs[{name!r}]['assignment_steps']", rec["assignment_steps"])
+        steps = as_array(f"runs[{name!r}]['assignment_steps']", rec["assignment_steps"])
     elif a.shape[0] == S:
         steps = np.arange(S, dtype=np.float64)
     else:
@@ -105,7 +94,7 @@ def check_router_runs(runs: Mapping[str, Mapping]) -> dict[str, dict]:
         missing = [k for k in ("load", "loss", "aux_loss") if k not in rec]
         if missing:
             raise ValueError(f"runs[{name!r}] is missing {missing}: it needs 'load', 'loss' and 'aux_loss'")
-        load = _as_array(f"runs[{name!r}]['load']", rec["load"])
+        load = as_array(f"runs[{name!r}]['load']", rec["load"])
         if load.ndim != 3 or 0 in load.shape:
             raise ValueError(f"runs[{name!r}]['load'] must have shape (steps, L, E), all >= 1, got {load.shape}"
                              + (" (one layer? add an axis: load[:, None, :])" if load.ndim == 2 else ""))
@@ -114,7 +103,7 @@ def check_router_runs(runs: Mapping[str, Mapping]) -> dict[str, dict]:
         S, L, E = load.shape
         curves = {}
         for key in ("loss", "aux_loss"):
-            curves[key] = _as_array(f"runs[{name!r}][{key!r}]", rec[key])
+            curves[key] = as_array(f"runs[{name!r}][{key!r}]", rec[key])
             if curves[key].shape != (S,):
                 raise ValueError(f"runs[{name!r}][{key!r}] must have shape (steps,) = ({S},) to match 'load' "
                                  f"{load.shape}, got {curves[key].shape}: steps mismatch")
@@ -123,12 +112,6 @@ def check_router_runs(runs: Mapping[str, Mapping]) -> dict[str, dict]:
         le = (L, E)
         out[str(name)] = {"load": load, **curves, **_check_assignments(name, rec, S, L, E)}
     return out
-
-
-def _rounded(a) -> list:
-    """Four significant digits: the eye cannot see more, and a notebook with frames stays small."""
-    a = np.asarray(a, dtype=np.float64)
-    return np.vectorize(lambda v: float(f"{v:.4g}"))(a).tolist() if a.size else a.tolist()
 
 
 def _frame_steps(S: int, step: int) -> list[int]:
@@ -182,12 +165,12 @@ def _title(label: str, rec: dict, layer: int, step: int, with_strip: bool) -> st
 def _moving_traces(rec: dict, layer: int, step: int, E: int, ytop: float) -> list:
     """The traces a frame replaces, in figure order: bars, step marker, loss and aux markers."""
     load_now = rec["load"][step, layer]  # (E,)
-    bar_text = [f"{v:.3g}" for v in _rounded(load_now)]
+    bar_text = [f"{v:.3g}" for v in rounded(load_now)]
     return [
-        go.Bar(y=_rounded(load_now), text=bar_text, customdata=_rounded(load_now * E)),
+        go.Bar(y=rounded(load_now), text=bar_text, customdata=rounded(load_now * E)),
         go.Scatter(x=[step, step], y=[0, ytop], text=[f"step {step}", f"step {step}"]),
-        go.Scatter(x=[step], y=_rounded(rec["loss"][step : step + 1]), text=[f"{rec['loss'][step]:.3f}"]),
-        go.Scatter(x=[step], y=_rounded(rec["aux_loss"][step : step + 1]), text=[f"{rec['aux_loss'][step]:.3f}"]),
+        go.Scatter(x=[step], y=rounded(rec["loss"][step : step + 1]), text=[f"{rec['loss'][step]:.3f}"]),
+        go.Scatter(x=[step], y=rounded(rec["aux_loss"][step : step + 1]), text=[f"{rec['aux_loss'][step]:.3f}"]),
     ]
 
 
@@ -237,7 +220,7 @@ def router_figure(runs: Mapping[str, Mapping], *, run: str | None = None, layer:
     step_range = [0, S - 1] if S > 1 else [-0.5, 0.5]
     for e in range(E):
         dash = DASHES[(e // len(EXPERT_COLOURS)) % len(DASHES)]
-        fig.add_trace(go.Scatter(x=xs.tolist(), y=_rounded(rec["load"][xs, layer, e]), mode=line_mode,
+        fig.add_trace(go.Scatter(x=xs.tolist(), y=rounded(rec["load"][xs, layer, e]), mode=line_mode,
                                  name=f"expert {e}", line={"color": colours[e], "dash": dash, "width": 1.5},
                                  legendgroup="experts",
                                  hovertemplate=f"expert {e}, step %{{x}}: load %{{y:.4g}}<extra></extra>"),
@@ -250,7 +233,7 @@ def router_figure(runs: Mapping[str, Mapping], *, run: str | None = None, layer:
     fig.add_trace(marker, row=1, col=2)
     for col, key, dot, name, colour in ((1, "loss", loss_dot, "loss (nats/token)", OKABE_ITO[0]),
                                         (2, "aux_loss", aux_dot, "aux loss", OKABE_ITO[5])):
-        fig.add_trace(go.Scatter(x=xs.tolist(), y=_rounded(rec[key][xs]), mode=line_mode, line={"color": colour},
+        fig.add_trace(go.Scatter(x=xs.tolist(), y=rounded(rec[key][xs]), mode=line_mode, line={"color": colour},
                                  showlegend=False, hovertemplate=f"step %{{x}}: {name} %{{y:.4g}}<extra></extra>"),
                       row=2, col=col)
         dot.update(mode="markers+text", textposition="top right", cliponaxis=False,
@@ -386,7 +369,7 @@ def balance_figure(curves: Mapping[str, Mapping], *, title: str | None = None) -
             c = {"steps": list(range(len(c.imbalance))), "busiest": c.imbalance, "busiest_prob": c.prob_imbalance}
         if not isinstance(c, Mapping) or any(k not in c for k in ("steps", "busiest", "busiest_prob")):
             raise ValueError(f"curves[{name!r}] must be a dict with 'steps', 'busiest' and 'busiest_prob'")
-        arrays = {k: _as_array(f"curves[{name!r}][{k!r}]", c[k]) for k in ("steps", "busiest", "busiest_prob")}
+        arrays = {k: as_array(f"curves[{name!r}][{k!r}]", c[k]) for k in ("steps", "busiest", "busiest_prob")}
         n = arrays["steps"].shape
         if len(n) != 1 or n[0] < 1 or any(a.shape != n for a in arrays.values()):
             raise ValueError(f"curves[{name!r}]: 'steps', 'busiest' and 'busiest_prob' must be 1-D of one length "
@@ -401,7 +384,7 @@ def balance_figure(curves: Mapping[str, Mapping], *, title: str | None = None) -
         colour, dash = OKABE_ITO[i % len(OKABE_ITO)], DASHES[(i // len(OKABE_ITO)) % len(DASHES)]
         mode = "lines" if a["steps"].size > 1 else "markers"
         for col, key, what in ((1, "busiest", "busiest f"), (2, "busiest_prob", "largest P")):
-            fig.add_trace(go.Scatter(x=a["steps"].tolist(), y=_rounded(a[key]), mode=mode, name=name, legendgroup=name,
+            fig.add_trace(go.Scatter(x=a["steps"].tolist(), y=rounded(a[key]), mode=mode, name=name, legendgroup=name,
                                      showlegend=col == 1, line={"color": colour, "dash": dash, "width": 2},
                                      hovertemplate=f"{name}, step %{{x}}: {what} %{{y:.3g}}× even<extra></extra>"),
                           row=1, col=col)

@@ -14,14 +14,15 @@ this module only draws.
 from __future__ import annotations
 
 import numbers
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import plotly.graph_objects as go
 import torch
 
 from lib.sampling import next_token_distribution
-from widgets._render import OKABE_ITO, live_mimebundle, redraw
+from widgets._base import LiveView
+from widgets._render import OKABE_ITO
 
 __all__ = ["SamplingKnobs", "SamplingState", "sampling_figure", "visible_token"]
 
@@ -210,7 +211,7 @@ def sampling_figure(logits: torch.Tensor, labels: list[str], state: SamplingStat
     return fig
 
 
-class SamplingKnobs:
+class SamplingKnobs(LiveView):
     """Live face: a prompt box and the three knobs above the figure, redrawn in place.
 
     `next_logits(prompt) -> (V,) tensor` is the lesson's model (called once per prompt, including
@@ -241,14 +242,9 @@ class SamplingKnobs:
             "top_p": W.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p (1 = off)",
                                    readout_format=".2f", style=style),
         }
-        self._redrawing = False
-        self.state = state
-        self._sync_controls(state)
-        self.figure = go.FigureWidget(self._figure(state))
-        for control in self.controls.values():
-            control.observe(self._on_change, names="value")
         c = self.controls
-        self.widget = W.VBox([c["prompt"], W.HBox([c["temperature"], c["top_k"], c["top_p"]]), self.figure])
+        self._start(state, lambda figure: W.VBox([c["prompt"], W.HBox([c["temperature"], c["top_k"], c["top_p"]]),
+                                                  figure]))
 
     def logits_for(self, prompt: str) -> torch.Tensor:
         """The callable's logits for `prompt`, kept while only the knobs move."""
@@ -261,31 +257,7 @@ class SamplingKnobs:
     def _figure(self, state: SamplingState) -> go.Figure:
         return sampling_figure(self.logits_for(state.prompt), self.labels, state)
 
-    def _sync_controls(self, state: SamplingState) -> None:
-        """Move the controls to `state`, widening a slider's range if the state lies outside it."""
-        self._redrawing = True
-        try:
-            for name in KNOBS:
-                control, value = self.controls[name], getattr(state, name)
-                control.max = max(control.max, value)
-                control.min = min(control.min, value)
-                control.value = value
-            self.controls["prompt"].value = state.prompt
-        finally:
-            self._redrawing = False
-
-    def _on_change(self, _change=None) -> None:
-        if self._redrawing:  # set_state itself moved a control
-            return
-        self.set_state(SamplingState(**{f.name: self.controls[f.name].value for f in fields(SamplingState)}))
-
-    def set_state(self, state: SamplingState) -> None:
-        """Redraw for `state` (also what every control change calls)."""
+    def _checked(self, state: SamplingState) -> SamplingState:
         _check_state(state)
-        new = self._figure(state)
-        self.state = state
-        self._sync_controls(state)
-        redraw(self.figure, new)
+        return state
 
-    def _repr_mimebundle_(self, **kwargs):
-        return live_mimebundle(self.widget, "SamplingKnobs", **kwargs)

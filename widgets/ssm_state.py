@@ -22,20 +22,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from widgets._base import as_array, rounded
 from widgets._render import DIVERGING, OKABE_ITO, live_mimebundle, redraw
 
 __all__ = ["SSMStateView", "check_runs", "ssm_state_figure"]
 
 MAX_STEPS = 512  # frames beyond this make the static figure too heavy for a page
-
-
-def _as_array(name: str, x) -> np.ndarray:
-    if hasattr(x, "detach"):  # a torch tensor, without importing torch here
-        x = x.detach().cpu().numpy()
-    arr = np.asarray(x, dtype=np.float64)
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} holds non-finite values (inf or NaN): nothing sensible to draw")
-    return arr
 
 
 def check_runs(tokens: Sequence[str], runs: Mapping[str, tuple]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -50,7 +42,7 @@ def check_runs(tokens: Sequence[str], runs: Mapping[str, tuple]) -> dict[str, tu
     for name, run in runs.items():
         if not (isinstance(run, (tuple, list)) and len(run) == 2):
             raise ValueError(f"runs[{name!r}] must be a pair (h (L, D, N), delta (L, D))")
-        h, delta = _as_array(f"runs[{name!r}] h", run[0]), _as_array(f"runs[{name!r}] delta", run[1])
+        h, delta = as_array(f"runs[{name!r}] h", run[0]), as_array(f"runs[{name!r}] delta", run[1])
         if h.ndim != 3 or h.shape[0] != L:
             raise ValueError(f"runs[{name!r}] h must have shape (L={L}, D, N), got {h.shape}")
         if delta.shape != h.shape[:2]:
@@ -62,11 +54,6 @@ def check_runs(tokens: Sequence[str], runs: Mapping[str, tuple]) -> dict[str, tu
     return out
 
 
-def _rounded(a: np.ndarray) -> list:
-    """Four significant digits: the eye cannot see more, and a notebook with frames stays small."""
-    return np.vectorize(lambda v: float(f"{v:.4g}"))(a).tolist() if a.size else a.tolist()
-
-
 def _sequence_text(tokens: list[str], t: int) -> str:
     shown = [f"<b>[{tok}]</b>" if i == t else tok for i, tok in enumerate(tokens)]
     lo = max(0, t - 20)
@@ -76,8 +63,8 @@ def _sequence_text(tokens: list[str], t: int) -> str:
 def _frame_traces(runs: dict, t: int) -> list:
     traces = []
     for h, delta in runs.values():
-        traces.append(go.Heatmap(z=_rounded(h[t])))  # (D, N)
-        traces.append(go.Bar(y=_rounded(delta[t])))  # (D,)
+        traces.append(go.Heatmap(z=rounded(h[t])))  # (D, N)
+        traces.append(go.Bar(y=rounded(delta[t])))  # (D,)
     return traces
 
 
@@ -101,11 +88,11 @@ def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: 
                         horizontal_spacing=0.08,
                         subplot_titles=[f"{n}: state h_t" for n in names] + [f"{n}: step size Δ_t" for n in names])
     for col, (name, (h, delta)) in enumerate(runs.items(), start=1):
-        fig.add_trace(go.Heatmap(z=_rounded(h[t]), zmin=-zmax, zmax=zmax, zmid=0, colorscale=DIVERGING,
+        fig.add_trace(go.Heatmap(z=rounded(h[t]), zmin=-zmax, zmax=zmax, zmid=0, colorscale=DIVERGING,
                                  showscale=col == len(names), colorbar={"title": {"text": "h"}, "len": 0.6, "y": 0.72},
                                  hovertemplate="channel %{y}, state %{x}: h = %{z:.3f}<extra>" + name + "</extra>"),
                       row=1, col=col)
-        fig.add_trace(go.Bar(y=_rounded(delta[t]), marker_color=OKABE_ITO[col % len(OKABE_ITO)], showlegend=False,
+        fig.add_trace(go.Bar(y=rounded(delta[t]), marker_color=OKABE_ITO[col % len(OKABE_ITO)], showlegend=False,
                              hovertemplate="channel %{x}: Δ = %{y:.3f}<extra>" + name + "</extra>"), row=2, col=col)
         fig.update_yaxes(title_text="channel d" if col == 1 else None, autorange="reversed", row=1, col=col)
         fig.update_xaxes(title_text="state index n", row=1, col=col)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 import plotly.graph_objects as go
 
 from lib.kernels.flash import key_block_bounds, visited_blocks
-from widgets._render import OKABE_ITO, live_mimebundle, redraw
+from widgets._base import LiveView
+from widgets._render import OKABE_ITO
 
 __all__ = ["TileSchedule", "TileState", "tile_grid", "tile_schedule_figure"]
 
@@ -125,14 +126,13 @@ def tile_schedule_figure(state: TileState | None = None, *, animate: bool = True
     return fig
 
 
-class TileSchedule:
+class TileSchedule(LiveView):
     """Live face: sequence length, block sizes and causal; the grid redrawn in place."""
 
     def __init__(self, state: TileState | None = None, **changes):
         import ipywidgets as W
 
-        self.state = replace(state or TileState(), **changes).check()
-        s = self.state
+        s = replace(state or TileState(), **changes).check()
         style = {"description_width": "initial"}
         self.controls = {
             "T": W.IntSlider(value=s.T, min=1, max=1024, description="sequence length T", style=style,
@@ -141,19 +141,12 @@ class TileSchedule:
             "block_n": W.Dropdown(options=list(BLOCKS), value=s.block_n, description="BLOCK_N (keys)", style=style),
             "causal": W.Checkbox(value=s.causal, description="causal"),
         }
-        self.figure = go.FigureWidget(tile_schedule_figure(s, animate=False))
-        for c in self.controls.values():
-            c.observe(self._on_change, names="value")
         c = self.controls
-        self.widget = W.VBox([W.HBox([c["T"], c["causal"]]), W.HBox([c["block_m"], c["block_n"]]), self.figure])
+        self._start(s, lambda figure: W.VBox([W.HBox([c["T"], c["causal"]]), W.HBox([c["block_m"], c["block_n"]]),
+                                              figure]))
 
-    def _on_change(self, _change=None) -> None:
-        self.set_state(TileState(**{name: c.value for name, c in self.controls.items()}))
+    def _figure(self, state: TileState) -> go.Figure:
+        return tile_schedule_figure(state, animate=False)
 
-    def set_state(self, state: TileState) -> None:
-        self.state = state.check()
-        new = tile_schedule_figure(state, animate=False)
-        redraw(self.figure, new)
-
-    def _repr_mimebundle_(self, **kwargs):
-        return live_mimebundle(self.widget, "TileSchedule", **kwargs)
+    def _checked(self, state: TileState) -> TileState:
+        return state.check()
