@@ -11,4 +11,6 @@ add `kernels`, `scan` (the selective scan), `conv` and `mamba` (the model), and 
 # Decides how Triton runs before anything imports it (the interpreter without a GPU): lib.kernels.runtime.
 from lib.kernels import runtime as _runtime  # noqa: F401
 
+from lib._checks import debug  # noqa: E402  lib.debug(True): value scans everywhere (see lib._checks)
+
 __version__ = "0.1.0"

@@ -3,11 +3,56 @@
 Each helper raises a `TypeError` or `ValueError` whose message names the argument and says what
 was expected, so a student who passes the wrong thing learns what the right thing is instead of
 meeting a broadcasting error three calls deeper.
+
+Two kinds of check. Checks of types, shapes, dtypes and devices read metadata only and always run.
+Value scans (NaN in logits, token ids out of range, a mask row with nothing visible) read the data:
+on a GPU each is a host synchronisation, which stalls the GPU's queue and defeats CUDA graphs and
+`torch.compile`. They run at a public door when a call starts from the caller's data, and are
+skipped inside the loops `lib` drives itself over data it has already checked (a decode loop:
+`inputs_checked()`). Debug mode (`lib.debug(True)`, or ONEMASK_DEBUG=1 in the environment) runs
+them everywhere, inside those loops too.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
+import threading
+from contextlib import contextmanager
+
 import torch
+
+_debug = os.environ.get("ONEMASK_DEBUG", "0") not in ("", "0")
+_local = threading.local()
+
+
+def debug(on: bool | None = None) -> bool:
+    """Debug mode: with `on` True, value scans run everywhere, also inside lib's own loops; False
+    turns it off; None leaves it. Returns the mode now. Starts on when ONEMASK_DEBUG=1 is set."""
+    global _debug
+    if on is not None:
+        if not isinstance(on, bool):
+            raise TypeError(f"on must be a bool or None, got {type(on).__name__}")
+        _debug = on
+    return _debug
+
+
+@contextmanager
+def inputs_checked():
+    """Inside this block value scans are skipped (unless in debug mode): for a loop that lib runs
+    over values it checked at its door, such as generating token after token."""
+    before = getattr(_local, "trusted", False)
+    _local.trusted = True
+    try:
+        yield
+    finally:
+        _local.trusted = before
+
+
+def scan_values() -> bool:
+    """Whether a value scan should run here: always in debug mode, else outside `inputs_checked`."""
+    return _debug or not getattr(_local, "trusted", False)
 
 
 def require_tensor(name: str, x, *, floating: bool = False) -> torch.Tensor:
@@ -36,6 +81,18 @@ def require_int(name: str, value, *, minimum: int = 0) -> int:
     return value
 
 
+def require_real(name: str, value, *, above: float | None = None, at_least: float | None = None,
+                 note: str = "") -> float:
+    """`value` must be a finite real number (bools refused), > `above` and >= `at_least` where
+    given; returned as a float. `note` says why, e.g. " (10000.0 in the paper and Llama)"."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number{note}, got {type(value).__name__}")
+    if not (math.isfinite(value) and (above is None or value > above) and (at_least is None or value >= at_least)):
+        bound = f" > {above:g}" if above is not None else f" >= {at_least:g}" if at_least is not None else ""
+        raise ValueError(f"{name} must be a finite number{bound}{note}, got {value!r}")
+    return float(value)
+
+
 def require_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], what: str) -> None:
     """All tensors must agree on `what` ("dtype" or "device")."""
     values = [getattr(t, what) for t in tensors]
@@ -57,7 +114,7 @@ def require_token_ids(name: str, ids, *, vocab_size: int, max_len: int, context:
     if start + T > max_len:
         where = f" from position {start}" if start else ""
         raise ValueError(f"{name} has T={T} tokens{where}, past the context {context}={max_len}")
-    if bool((ids < 0).any()) or bool((ids >= vocab_size).any()):
+    if scan_values() and (bool((ids < 0).any()) or bool((ids >= vocab_size).any())):
         raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
 
 
@@ -68,6 +125,8 @@ def require_targets(name: str, t, shape: tuple, V: int, ignore_index: int = -100
         raise TypeError(f"{name} must be an int64 (or int32) tensor of token ids, got {t.dtype}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have shape (B, T) = {shape}, got {tuple(t.shape)}")
+    if not scan_values():
+        return
     bad = (t != ignore_index) & ((t < 0) | (t >= V))
     if bool(bad.any()):
         raise ValueError(f"{name} must lie in [0, V={V}) (or be {ignore_index} to skip a position), "

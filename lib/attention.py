@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_same, require_tensor
+from lib._checks import require_int, require_rank, require_real, require_same, require_tensor, scan_values
 from lib.masks import causal_mask
 
 __all__ = [
@@ -93,7 +93,7 @@ def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
         if size not in (1, want):
             raise ValueError(f"mask must broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)} "
                              f"(dim {dim_name} is {size}, expected 1 or {want})")
-    if bool(torch.isnan(m4).any()) or bool(torch.isposinf(m4).any()):
+    if scan_values() and (bool(torch.isnan(m4).any()) or bool(torch.isposinf(m4).any())):
         raise ValueError("mask must hold finite values or -inf (no NaN, no +inf)")
     return m4.to(q.dtype)
 
@@ -107,9 +107,7 @@ def _check_common(q, k, v, mask, causal, scale) -> tuple[torch.Tensor | None, fl
     m4 = _check_mask(mask, q, k)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive finite number or None (meaning 1/sqrt(D)), got {scale!r}")
-    return m4, float(scale)
+    return m4, require_real("scale", scale, above=0, note=" or None (meaning 1/sqrt(D))")
 
 
 def _expand_kv(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -138,6 +136,10 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = Non
 def attention_weights(q, k, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """softmax(QKᵀ·scale + M) as a (B, H, T, S) tensor, with fully masked rows all zero."""
     m4, scale = _check_common(q, k, None, mask, causal, scale)
+    return _weights(q, k, m4, causal, scale)
+
+
+def _weights(q, k, m4, causal: bool, scale: float) -> torch.Tensor:
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     scores = (q.to(work) @ _expand_kv(q, k).to(work).transpose(-2, -1)) * scale  # (B, H, T, S)
     if m4 is not None:
@@ -153,8 +155,8 @@ def attention_ref(q, k, v, mask=None, causal: bool = False, scale: float | None 
 
     q (B, H, T, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v) -> (B, H, T, D_v) in q's dtype.
     """
-    _check_common(q, k, v, mask, causal, scale)
-    weights = attention_weights(q, k, mask, causal, scale)  # (B, H, T, S)
+    m4, scale = _check_common(q, k, v, mask, causal, scale)
+    weights = _weights(q, k, m4, causal, scale)  # (B, H, T, S): attention_weights without a second check
     return (weights @ _expand_kv(q, v).to(weights.dtype)).to(q.dtype)  # (B, H, T, S) @ (B, H, S, D_v)
 
 
@@ -169,6 +171,17 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
     acc / l == softmax(all scores so far) @ (all values so far). Start from m = -inf, l = 0,
     acc = 0. A row with no visible key yet (all -inf so far) keeps l = 0 and acc = 0.
     """
+    _check_online(m, l, acc, scores, values)
+    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
+    m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
+    p = torch.exp(scores - m_safe)  # (..., R, bk)
+    correction = torch.exp(m - m_safe)  # rescales what was summed under the old max; exp(-inf) = 0 at first
+    l = l * correction + p.sum(dim=-1, keepdim=True)
+    acc = acc * correction + p @ values.to(p.dtype)  # (..., R, bk) @ (..., bk, D_v)
+    return m_new, l, acc
+
+
+def _check_online(m, l, acc, scores, values) -> None:
     for name, x in (("m", m), ("l", l), ("acc", acc), ("scores", scores), ("values", values)):
         require_tensor(name, x, floating=True)
     if m.shape != l.shape or m.shape[-1:] != (1,) or m.shape[:-1] != scores.shape[:-1] \
@@ -177,13 +190,6 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
         raise ValueError(f"online_softmax_update needs m, l (..., R, 1), acc (..., R, D_v), scores (..., R, bk), "
                          f"values (..., bk, D_v); got m {tuple(m.shape)}, l {tuple(l.shape)}, acc {tuple(acc.shape)}, "
                          f"scores {tuple(scores.shape)}, values {tuple(values.shape)}")
-    m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-    m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
-    p = torch.exp(scores - m_safe)  # (..., R, bk)
-    correction = torch.exp(m - m_safe)  # rescales what was summed under the old max; exp(-inf) = 0 at first
-    l = l * correction + p.sum(dim=-1, keepdim=True)
-    acc = acc * correction + p @ values.to(p.dtype)  # (..., R, bk) @ (..., bk, D_v)
-    return m_new, l, acc
 
 
 def attention_chunked(
@@ -244,7 +250,7 @@ def _attention_sdpa(q, k, v, mask=None, causal: bool = False, scale: float | Non
         full = full + causal_mask(T, kv_len=S, device=q.device, dtype=q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
     dead_rows = torch.isneginf(full).all(dim=-1, keepdim=True)  # (.., T, 1): no key visible
-    return out.masked_fill(dead_rows, 0.0) if bool(dead_rows.any()) else out
+    return out.masked_fill(dead_rows, 0.0)  # always: asking whether any row is dead would stall a GPU
 
 
 Backend = Callable[..., torch.Tensor]

@@ -51,7 +51,7 @@ from typing import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lib._checks import require_int
+from lib._checks import require_int, require_real
 from lib.gpt import GPT, CausalSelfAttention, GPTConfig
 from lib.hybrid import HybridGPT, decode_state_bytes
 from lib.moe import MoE, moe_gpt
@@ -79,8 +79,7 @@ class Recipe:
     def __post_init__(self):
         require_int("steps", self.steps, minimum=1)
         require_int("batch_size", self.batch_size, minimum=1)
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+        require_real("lr", self.lr, above=0)
 
     def cut(self, steps: int) -> "Recipe":
         """The same recipe, trained for `steps` steps."""

@@ -33,19 +33,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from numbers import Real
 from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_targets, require_tensor, require_token_ids
+from lib._checks import (inputs_checked, require_int, require_rank, require_targets, require_tensor, require_token_ids,
+                         scan_values)
 from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache
 from lib.masks import padding_mask
 from lib.rope import apply_rope, rope_cos_sin
-from lib.sampling import sample_next_token
+from lib.sampling import check_sampling_knobs, sample_next_token
 from lib.training_cache import replayable
 
 __all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "evaluate_loss", "forward_flops",
@@ -369,9 +369,13 @@ def _check_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor:
                          f"too, got {tuple(attention_mask.shape)}")
     if attention_mask.device != device:
         raise ValueError(f"attention_mask must be on idx's device {device}, got {attention_mask.device}")
-    if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+    if attention_mask.is_floating_point():
         raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
     keep = attention_mask.bool()
+    if not scan_values():
+        return keep
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
     if bool((keep[:, :-1] & ~keep[:, 1:]).any()):
         raise ValueError("attention_mask must be left-padded: in each row every 0 comes before every 1 "
                          "(right padding would put new tokens after the padding)")
@@ -498,20 +502,6 @@ def forward_flops(config: GPTConfig, new_tokens: int, total_tokens: int | None =
 
 
 # --------------------------------------------------------------------------- generation
-def _check_sampling(temperature, top_k, top_p) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, Real) or not math.isfinite(temperature):
-        raise TypeError(f"temperature must be a finite real number >= 0 (0 = greedy), got {temperature!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None:
-        require_int("top_k", top_k, minimum=1)
-    if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, Real):
-            raise TypeError(f"top_p must be a real number in (0, 1], got {top_p!r}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-
-
 @torch.no_grad()
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
@@ -527,10 +517,40 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     (B, T) of 1/0: each row then continues exactly as its prompt would alone. `on_token(step,
     tokens)` is called as each new (B,) column of tokens is chosen (a progress bar, a timer).
     """
+    mask = _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator,
+                           attention_mask, on_token)
+    B, T = idx.shape
+    was_training = model.training
+    model.eval()
+    out = [idx]
+    caches = model.new_caches(B, T + max_new_tokens) if use_cache else None
+    logits = model(idx, caches=caches, attention_mask=mask)[:, -1]  # (B, V): prefill; the last position predicts
+    with inputs_checked():  # checked at the door: no value scans (no GPU host syncs) per token
+        for step in range(max_new_tokens):
+            nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    generator=generator)  # (B,)
+            out.append(nxt[:, None].to(idx.dtype))
+            if on_token is not None:
+                on_token(step, nxt)
+            if step == max_new_tokens - 1:
+                break
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, S + 1): the new token is real
+            if use_cache:
+                logits = model(out[-1], caches=caches, start=T + step, attention_mask=mask)[:, -1]  # decode: 1 token
+            else:
+                logits = model(torch.cat(out, dim=1), attention_mask=mask)[:, -1]  # recompute the whole prefix
+    model.train(was_training)
+    return torch.cat(out, dim=1)
+
+
+def _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, attention_mask,
+                    on_token) -> torch.Tensor | None:
+    """generate's arguments, checked once at its door; returns the attention mask as 0/1 int64 (or None)."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a lib.gpt.GPT, got {type(model).__name__}")
     require_int("max_new_tokens", max_new_tokens, minimum=0)
-    _check_sampling(temperature, top_k, top_p)
+    check_sampling_knobs(temperature, top_k, top_p)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     model._check_idx(idx, 0)
@@ -545,27 +565,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
                          f"block_size={model.config.block_size}")
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable (step, tokens) -> None, got {type(on_token).__name__}")
-    if attention_mask is not None:
-        _check_attention_mask(attention_mask, (B, T), idx.device)
-        keep = attention_mask.long()
-    was_training = model.training
-    model.eval()
-    out = [idx]
-    caches = model.new_caches(B, T + max_new_tokens) if use_cache else None
-    mask = None if attention_mask is None else keep
-    logits = model(idx, caches=caches, attention_mask=mask)[:, -1]  # (B, V): prefill; the last position predicts
-    for step in range(max_new_tokens):
-        nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
-        out.append(nxt[:, None].to(idx.dtype))
-        if on_token is not None:
-            on_token(step, nxt)
-        if step == max_new_tokens - 1:
-            break
-        if mask is not None:
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, S + 1): the new token is real
-        if use_cache:
-            logits = model(out[-1], caches=caches, start=T + step, attention_mask=mask)[:, -1]  # decode: one token
-        else:
-            logits = model(torch.cat(out, dim=1), attention_mask=mask)[:, -1]  # recompute the whole prefix
-    model.train(was_training)
-    return torch.cat(out, dim=1)
+    if attention_mask is None:
+        return None
+    _check_attention_mask(attention_mask, (B, T), idx.device)
+    return attention_mask.long()

@@ -101,6 +101,14 @@ class KVCache(nn.Module):
         Positions must be written in order without gaps (start <= length): a hole would hand
         attention keys that were never computed.
         """
+        self._check_update(start, k, v)
+        end = start + k.shape[2]
+        self.k[:, :, start:end] = k.to(self.k.dtype)
+        self.v[:, :, start:end] = v.to(self.v.dtype)
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # views, no copy
+
+    def _check_update(self, start, k, v) -> None:
         require_int("start", start, minimum=0)
         for name, x in (("k", k), ("v", v)):
             require_tensor(name, x, floating=True)
@@ -112,13 +120,9 @@ class KVCache(nn.Module):
             raise ValueError(f"k and v must hold the same number of positions, got {k.shape[2]} and {v.shape[2]}")
         if start > self.length:
             raise ValueError(f"start must be <= the cache length {self.length} (no gaps), got {start}")
-        end = start + k.shape[2]
-        if end > self.max_len:
-            raise ValueError(f"the cache holds {self.max_len} positions; writing {start}..{end - 1} would overflow it")
-        self.k[:, :, start:end] = k.to(self.k.dtype)
-        self.v[:, :, start:end] = v.to(self.v.dtype)
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]  # views, no copy
+        if start + k.shape[2] > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions; writing {start}..{start + k.shape[2] - 1} "
+                             "would overflow it")
 
     def extra_repr(self) -> str:
         B, H_kv, S_max, D = self.k.shape

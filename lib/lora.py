@@ -24,15 +24,13 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
-from lib._checks import require_int, require_tensor
+from lib._checks import require_int, require_real, require_tensor
 
 __all__ = ["LoRALinear", "add_lora", "count_parameters", "merge_lora"]
 
 
 def _check_alpha(alpha) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"alpha must be a positive finite number (the update is scaled by alpha / r), got {alpha!r}")
-    return float(alpha)
+    return require_real("alpha", alpha, above=0, note=" (the update is scaled by alpha / r)")
 
 
 def _check_model(model) -> nn.Module:

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_targets, require_tensor, require_token_ids
+from lib._checks import inputs_checked, require_int, require_rank, require_targets, require_tensor, require_token_ids
 from lib.conv import causal_conv1d
 from lib.kv_cache import dtype_bytes
 from lib.norms import RMSNorm
@@ -507,11 +507,13 @@ def generate(model: MambaLM, idx: torch.Tensor, max_new_tokens: int, *, temperat
     logits, state = model.prefill(idx)
     logits = logits[:, -1]  # (B, V): the last prompt position predicts the first new token
     out = [idx]
-    for step in range(max_new_tokens):
-        nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
-        out.append(nxt[:, None].to(idx.dtype))
-        if step < max_new_tokens - 1:
-            logits, state = model.step(nxt, state)  # (B, V)
+    with inputs_checked():  # checked at the door: no value scans (no GPU host syncs) per token
+        for step in range(max_new_tokens):
+            nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    generator=generator)  # (B,)
+            out.append(nxt[:, None].to(idx.dtype))
+            if step < max_new_tokens - 1:
+                logits, state = model.step(nxt, state)  # (B, V)
     model.train(was_training)
     return torch.cat(out, dim=1)
 

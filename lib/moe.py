@@ -43,14 +43,13 @@ import math
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
-from numbers import Real
 from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_tensor
+from lib._checks import require_int, require_rank, require_real, require_tensor
 from lib.training_cache import replayable
 
 __all__ = ["ACTIVATIONS", "DISPATCHES", "GATINGS", "MIXTRAL_8X7B", "MoE", "MoEFeedForward", "MoETrainRecord",
@@ -82,11 +81,7 @@ def _check_layer_args(d_model, d_ff, num_experts, top_k, activation="gelu") -> N
 def _check_capacity_factor(capacity_factor) -> None:
     if capacity_factor is None:
         return
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, Real):
-        raise TypeError(f"capacity_factor must be a positive real number or None (no dropping), "
-                        f"got {type(capacity_factor).__name__}")
-    if not math.isfinite(capacity_factor) or capacity_factor <= 0:
-        raise ValueError(f"capacity_factor must be > 0 (or None for no dropping), got {capacity_factor}")
+    require_real("capacity_factor", capacity_factor, above=0, note=" or None (no dropping)")
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float | None) -> int | None:
@@ -555,10 +550,8 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
     from lib.corpus import CharVocab, facts_corpus
     from lib.gpt import GPTConfig, get_batch
 
-    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not alpha >= 0:
-        raise ValueError(f"alpha must be a real number >= 0, got {alpha!r}")
-    if isinstance(z_loss, bool) or not isinstance(z_loss, Real) or not z_loss >= 0:
-        raise ValueError(f"z_loss must be a real number >= 0, got {z_loss!r}")
+    require_real("alpha", alpha, at_least=0)
+    require_real("z_loss", z_loss, at_least=0)
     require_int("steps", steps, minimum=1)
     require_int("probe_every", probe_every, minimum=1)
     vocab = None

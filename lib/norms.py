@@ -16,13 +16,12 @@ Mamba's blocks (and LLaMA's): LayerNorm without the mean subtraction and the bia
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_tensor
+from lib._checks import require_real, require_tensor
 
 __all__ = ["RMSNorm", "rms_norm", "rms_norm_ref"]
 
@@ -35,8 +34,7 @@ def _check(x, weight, eps) -> None:
                          f"and x {tuple(x.shape)}")
     if weight.device != x.device:
         raise ValueError(f"x and weight must share one device, got x: {x.device}, weight: {weight.device}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a finite number > 0 (it keeps the root mean square away from 0), got {eps!r}")
+    require_real("eps", eps, above=0, note=" (it keeps the root mean square away from 0)")
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

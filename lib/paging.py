@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lib._checks import require_int, require_rank, require_same, require_tensor
+from lib._checks import require_int, require_rank, require_real, require_same, require_tensor
 from lib.attention import attention, attention_ref
 from lib.masks import additive_from_bool
 
@@ -317,14 +317,6 @@ class Request:
         require_int("output_len", self.output_len, minimum=1)
 
 
-def _require_number(name: str, value, *, minimum: float, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {minimum}, got {value}")
-    return float(value)
-
-
 def _geometric(rng: random.Random, mean: float) -> int:
     """A draw from the geometric distribution on {1, 2, ...} with the given mean, by inversion."""
     if mean == 1.0:
@@ -347,9 +339,9 @@ def make_workload(n_requests: int, *, seed: int = 0, arrival_rate: float = 1.0, 
     """
     require_int("n_requests", n_requests, minimum=1)
     require_int("seed", seed, minimum=0)
-    rate = _require_number("arrival_rate", arrival_rate, minimum=0.0, strict=True)
-    p_mean = _require_number("prompt_mean", prompt_mean, minimum=1.0)
-    o_mean = _require_number("output_mean", output_mean, minimum=1.0)
+    rate = require_real("arrival_rate", arrival_rate, above=0)
+    p_mean = require_real("prompt_mean", prompt_mean, at_least=1)
+    o_mean = require_real("output_mean", output_mean, at_least=1)
     require_int("max_len", max_len, minimum=2)
     rng = random.Random(seed)
     time, out = 0.0, []
@@ -579,7 +571,7 @@ def simulate_serving(requests, *, policy: str, capacity_tokens: int, max_len: in
     Raises ValueError if some request could never fit, RuntimeError past `max_steps` steps.
     """
     _check_sim_args(requests, policy, capacity_tokens, max_len, block_size, reserve, max_snapshots, max_steps)
-    watermark = _require_number("watermark", watermark, minimum=0.0)
+    watermark = require_real("watermark", watermark, at_least=0)
     if watermark >= 1.0:
         raise ValueError(f"watermark must be a fraction of the blocks in [0, 1), got {watermark}")
     paged = policy == "paged"

@@ -28,11 +28,10 @@ Glossary: B batch, H heads, T positions, D head dim (even), D/2 channel pairs.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from lib._checks import require_int, require_rank, require_same, require_tensor
+from lib._checks import require_int, require_rank, require_real, require_same, require_tensor
 
 __all__ = ["LAYOUTS", "apply_rope", "apply_rope_ref", "rope_cos_sin", "rope_frequencies", "rotate_half",
            "rotate_interleaved"]
@@ -49,9 +48,7 @@ def _check_head_dim(name: str, D) -> int:
 
 
 def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
-        raise ValueError(f"base must be a finite number > 1 (10000.0 in the paper and Llama), got {base!r}")
-    return float(base)
+    return require_real("base", base, above=1, note=" (10000.0 in the paper and Llama)")
 
 
 def _check_x(x) -> tuple[int, int, int, int]:

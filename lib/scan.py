@@ -49,7 +49,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_tensor
+from lib._checks import require_int, require_rank, require_tensor, scan_values
 from lib.kernels.runtime import require_kernel_device, work_dtype
 
 __all__ = ["SCANS", "default_chunk_size", "discretize", "lti_kernel", "parallel_scan_ref", "recurrence", "scan_combine",
@@ -93,6 +93,8 @@ def _check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, del
                          + ", ".join(f"{k}: {v}" for k, v in devices.items()))
     if n == 0:
         raise ValueError("A must have shape (D, N) with N >= 1 state entries per channel, got N = 0")
+    if not scan_values():  # the value scans below read the data (see lib._checks)
+        return
     if not bool((A < 0).all()):
         raise ValueError("A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; "
                          f"A >= 0 makes the state grow without bound (got max {A.max().item():.4g}). "

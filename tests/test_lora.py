@@ -257,7 +257,7 @@ def test_multihead_attention_out_proj_is_refused():
         (dict(targets=[]), ValueError, "targets must name at least one module"),
         (dict(r=0), ValueError, "r must be >= 1"),
         (dict(r=4.0), TypeError, "r must be an int"),
-        (dict(alpha=-1.0), ValueError, "alpha must be a positive finite number"),
+        (dict(alpha=-1.0), ValueError, "alpha must be a finite number > 0"),
     ],
 )
 def test_add_lora_bad_arguments_raise_and_leave_the_model_untouched(kwargs, error, words):
@@ -281,8 +281,8 @@ def lin():
         (lambda: LoRALinear(LoRALinear(lin())), TypeError, "base must be a torch.nn.Linear, got LoRALinear"),
         (lambda: LoRALinear(lin(), r=0), ValueError, "r must be >= 1"),
         (lambda: LoRALinear(lin(), r=True), TypeError, "r must be an int"),
-        (lambda: LoRALinear(lin(), alpha=0.0), ValueError, "alpha must be a positive"),
-        (lambda: LoRALinear(lin(), alpha=float("nan")), ValueError, "alpha must be a positive finite"),
+        (lambda: LoRALinear(lin(), alpha=0.0), ValueError, "alpha must be a finite number > 0"),
+        (lambda: LoRALinear(lin(), alpha=float("nan")), ValueError, "alpha must be a finite number > 0"),
         (lambda: LoRALinear(lin())(torch.ones(3, 5)), ValueError, r"x must have shape \(..., in_features\) = \(..., 8\)"),
         (lambda: LoRALinear(lin())(torch.ones(3, 8, dtype=torch.int64)), TypeError, "x must have a floating dtype"),
         (lambda: LoRALinear(lin())(torch.ones(3, 8, dtype=torch.float64)), ValueError, "x must match the layer's dtype"),

@@ -78,8 +78,11 @@ def test_bad_input_is_refused_clearly():
         rms_norm(x.long(), w)
     with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
         rms_norm_ref(x, [1.0] * 8)
-    for eps in (0.0, -1e-5, float("nan"), "small", True):
+    for eps in (0.0, -1e-5, float("nan")):
         with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+            rms_norm(x, w, eps)
+    for eps in ("small", True):  # not a number at all (a bool is refused too)
+        with pytest.raises(TypeError, match="eps must be a real number"):
             rms_norm(x, w, eps)
     with pytest.raises(ValueError, match="x and weight must share one device, got x: cpu, weight: meta"):
         rms_norm(x, torch.empty(8, device="meta"))

@@ -219,6 +219,12 @@ def test_lessons_import_lib_instead_of_redefining_it(md):
     assert "sys.path" not in text
 
 
+@pytest.mark.parametrize("md", MDS, ids=lambda p: p.name)
+def test_lessons_print_whole_functions_not_slices_of_their_source(md):
+    # A slice at a string index ("source[source.index('    m_new'):]") breaks silently on a rename.
+    assert not re.search(r"\.index\(\s*[\"']\s", md.read_text()), md.name
+
+
 def test_lib_never_imports_widgets():
     for path in (ROOT / "lib").rglob("*.py"):
         tree = ast.parse(path.read_text())

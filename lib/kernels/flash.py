@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from lib._checks import require_rank, require_tensor
+from lib._checks import require_rank, require_real, require_tensor
 from lib.kernels import runtime
 from lib.kernels.runtime import LOG2E, cdiv, kernel_mode, require_kernel_device
 
@@ -298,9 +298,7 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
-    elif isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
-            or sm_scale <= 0:
-        raise ValueError(f"sm_scale must be a positive finite number or None (meaning 1/sqrt(D)), got {sm_scale!r}")
+    sm_scale = require_real("sm_scale", sm_scale, above=0, note=" or None (meaning 1/sqrt(D))")
 
     mode = runtime.require_kernel_device(q.device, "flash_attention", "lib.attention.attention(..., backend='sdpa')")
     if mode == "interpreter" and q.dtype == torch.bfloat16:
