@@ -1,4 +1,4 @@
-"""The memory-map figures draw lib.paging.simulate_serving's numbers: every cell's counts add up
+"""The memory-map figures draw lib.serving.simulate_serving's numbers: every cell's counts add up
 to the simulator's used and reserved slots at that step, whatever the aggregation; titles carry
 the computed token shares; the stored figures are byte-stable; the live view survives every
 control value."""
@@ -9,7 +9,7 @@ import numpy as np
 import plotly.io as pio
 import pytest
 
-from lib.paging import make_workload, simulate_serving, sweep_block_sizes
+from lib.serving import make_workload, simulate_serving, sweep_block_sizes
 from widgets._render import use_stable_renderer
 from widgets.memory_map import (
     STATES,

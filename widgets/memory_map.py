@@ -12,7 +12,7 @@
     MemoryMapView, MemoryMapState   live: block size, arrival rate, capacity, reserve rule, seed;
                                     memory_map_view_figure(state) is its figure
 
-The numbers come from `lib.paging.simulate_serving`; this module only draws. A cell may cover
+The numbers come from `lib.serving.simulate_serving`; this module only draws. A cell may cover
 several slots (rows are merged when memory has more than `max_slots` units): its colour is then
 "real tokens" if every reserved slot in it holds one, "reserved, empty" if none does, "partly
 filled" otherwise, and "free" if nothing in it is reserved. Paged memory is drawn block by block
@@ -28,7 +28,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lib.paging import RESERVE_RULES, SimResult, make_workload, simulate_serving
+from lib.serving import RESERVE_RULES, SimResult, make_workload, simulate_serving
 from widgets._base import LiveView
 from widgets._render import OKABE_ITO
 
@@ -43,7 +43,7 @@ SLOT_AXIS = "KV memory (token slot)"
 
 def _check_result(name: str, result) -> SimResult:
     if not isinstance(result, SimResult):
-        raise TypeError(f"{name} must be a SimResult from lib.paging.simulate_serving, got {type(result).__name__}")
+        raise TypeError(f"{name} must be a SimResult from lib.serving.simulate_serving, got {type(result).__name__}")
     return result
 
 
@@ -205,11 +205,11 @@ def utilisation_figure(results: dict, *, max_points: int = 400) -> go.Figure:
 
 
 def sweep_figure(rows: list, *, contiguous: SimResult | None = None) -> go.Figure:
-    """`lib.paging.sweep_block_sizes` rows drawn against the block size (log scale): the share of
+    """`lib.serving.sweep_block_sizes` rows drawn against the block size (log scale): the share of
     reserved slots holding real tokens, and the mean number of requests in the batch; a
     contiguous run, if given, as a dotted reference line in both."""
     if not isinstance(rows, (list, tuple)) or not rows or not all(isinstance(r, dict) for r in rows):
-        raise TypeError("rows must be a non-empty list of summary dicts from lib.paging.sweep_block_sizes")
+        raise TypeError("rows must be a non-empty list of summary dicts from lib.serving.sweep_block_sizes")
     need = {"block_size", "token_share", "mean_running", "preemptions"}
     for i, r in enumerate(rows):
         if not need <= set(r) or r["block_size"] is None:
