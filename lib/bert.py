@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from lib._checks import require_rank, require_tensor, require_token_ids
 from lib.attention import attention, attention_weights
 from lib.masks import padding_mask
+from lib.train import train, warmup_linear
 from lib.training_cache import replayable
 
 __all__ = ["Bert", "BertConfig", "BertForMaskedLM", "init_gradient_norms", "load_minilm", "mean_pool", "minilm_path",
@@ -373,7 +374,7 @@ def mlm_corrupt(input_ids: torch.Tensor, *, mask_token_id: int, vocab_size: int,
 def train_mlm(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.Tensor, *, mask_token_id: int,
               special_token_ids, steps: int = 300, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
               on_step=None) -> list[float]:
-    """Train with the masked-LM loss on fresh 80/10/10 corruptions of random batches.
+    """Train with the masked-LM loss on fresh 80/10/10 corruptions of random batches (`lib.train.train`).
 
     AdamW with a linear warm-up over the first 10% of steps (Post-LN BERT needs it) and linear
     decay after. `on_step(step, loss)` is called after every step (a progress bar, a live plot).
@@ -385,25 +386,19 @@ def train_mlm(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.T
         raise ValueError(f"attention_mask must have ids' shape {tuple(ids.shape)}, got {tuple(attention_mask.shape)}")
     g = torch.Generator().manual_seed(seed)
     vocab_size = model.bert.config.vocab_size
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=True)  # as lib.gpt.train_gpt
-    warmup = max(1, steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
-    model.train()
-    losses = []
-    for step in range(steps):
+
+    def next_batch(step):
         rows = torch.randint(len(ids), (batch_size,), generator=g)
         corrupted, labels = mlm_corrupt(ids[rows], mask_token_id=mask_token_id, vocab_size=vocab_size,
                                         special_token_ids=special_token_ids, generator=g)
-        _, loss = model(corrupted, attention_mask[rows], labels=labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if on_step is not None:
-            on_step(step, losses[-1])
-    return losses
+        return corrupted, attention_mask[rows], labels
+
+    def loss_of(model, batch):
+        corrupted, mask, labels = batch
+        return model(corrupted, mask, labels=labels)[1]
+
+    return train(model, next_batch, loss_of, steps=steps, lr=lr, weight_decay=0.01, betas=(0.9, 0.999),
+                 schedule=warmup_linear(steps, max(1, steps // 10)), clip_norm=None, on_step=on_step)
 
 
 @torch.no_grad()

@@ -46,6 +46,7 @@ from lib.kv_cache import KVCache
 from lib.masks import padding_mask
 from lib.rope import apply_rope, rope_cos_sin
 from lib.sampling import check_sampling_knobs, sample_next_token
+from lib.train import train, warmup_cosine
 from lib.training_cache import replayable
 
 __all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "evaluate_loss", "forward_flops",
@@ -423,7 +424,7 @@ def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, generator: torc
 def train_gpt(model: GPT, data: torch.Tensor, *, steps: int = 500, batch_size: int = 32, seq_len: int | None = None,
               lr: float = 3e-3, weight_decay: float = 0.1, warmup: int | None = None, seed: int = 0,
               on_step=None) -> list[float]:
-    """Next-token training on random windows of `data` (a 1-D token stream).
+    """Next-token training on random windows of `data` (a 1-D token stream), by `lib.train.train`.
 
     AdamW on the parameters that require grad (so a LoRA-wrapped model trains only its adapters),
     linear warm-up over `warmup` steps (default 5%), then cosine decay to 10% of `lr`.
@@ -431,38 +432,10 @@ def train_gpt(model: GPT, data: torch.Tensor, *, steps: int = 500, batch_size: i
     """
     require_int("steps", steps, minimum=1)
     seq_len = model.config.block_size if seq_len is None else seq_len
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("model has no parameter with requires_grad=True: nothing to train")
     g = torch.Generator().manual_seed(seed)
-    # foreach: one operation over all parameters per update. PyTorch defaults to it on GPUs only; on a CPU its
-    # default loops over the tensors in Python, which costs a model of many small tensors (a Mamba, a hybrid)
-    # more than its arithmetic. The same numbers, bit for bit (tests/test_gpt.py).
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95), foreach=True)
     warmup = max(1, steps // 20) if warmup is None else warmup
-
-    def schedule(s: int) -> float:
-        if s < warmup:
-            return (s + 1) / warmup
-        progress = (s - warmup) / max(1, steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    model.train()
-    losses = []
-    for step in range(steps):
-        x, y = get_batch(data, batch_size, seq_len, g)
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if on_step is not None:
-            on_step(step, losses[-1])
-    model.eval()
-    return losses
+    return train(model, lambda step: get_batch(data, batch_size, seq_len, g), lambda model, xy: model(*xy)[1],
+                 steps=steps, lr=lr, weight_decay=weight_decay, schedule=warmup_cosine(steps, warmup), on_step=on_step)
 
 
 @torch.no_grad()

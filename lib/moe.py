@@ -50,6 +50,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import require_int, require_rank, require_real, require_tensor
+from lib.train import train
 from lib.training_cache import replayable
 
 __all__ = ["ACTIVATIONS", "DISPATCHES", "GATINGS", "MIXTRAL_8X7B", "MoE", "MoEFeedForward", "MoETrainRecord",
@@ -565,34 +566,27 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=vocab_size, block_size=seq_len, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
     model = moe_gpt(config, num_experts, top_k, d_ff, capacity_factor=capacity_factor, gating=gating)
-    # foreach on a CPU too, as lib.gpt.train_gpt (the same numbers, fewer operations)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95), foreach=True)
     g = torch.Generator().manual_seed(seed)
     record = MoETrainRecord(alpha=float(alpha), num_experts=num_experts, top_k=top_k, data=data)
     probe = data[:seq_len].unsqueeze(0)  # (1, T): one fixed window, routed every `probe_every` steps
     if vocab is not None:
         record.tokens = list(vocab.decode(probe[0].tolist()))
-    loads, probs = [], []
-    start = time.perf_counter()
-    model.train()
-    for step in range(steps):
-        x, y = get_batch(data, batch_size, seq_len, g)
-        _, ce = model(x, y)
+    loads, probs, parts = [], [], {}
+
+    def loss_of(model, xy):
+        _, ce = model(*xy)
         logits = router_logits_of(model)  # L x (N, E)
-        aux = load_balancing_loss(logits, top_k)
-        z = router_z_loss(logits)
-        loss = ce + alpha * aux + z_loss * z
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        parts.update(ce=ce, aux=load_balancing_loss(logits, top_k), z=router_z_loss(logits), logits=logits)
+        return ce + alpha * parts["aux"] + z_loss * parts["z"]
+
+    def after_step(step, _loss):
         stats = [m.moe.last_stats for m in model.modules() if isinstance(m, MoEFeedForward)]
         loads.append(torch.stack([s.load for s in stats]).float())  # (L, E)
         probs.append(torch.stack([F.softmax(lg.detach(), dim=-1, dtype=_softmax_dtype(lg)).mean(dim=0)
-                                  for lg in logits]).float())  # (L, E): P, what the aux loss sees
-        record.loss.append(ce.item())
-        record.aux_loss.append(aux.item())
-        record.z_loss.append(z.item())
+                                  for lg in parts["logits"]]).float())  # (L, E): P, what the aux loss sees
+        record.loss.append(parts["ce"].item())
+        record.aux_loss.append(parts["aux"].item())
+        record.z_loss.append(parts["z"].item())
         record.drop_rate.append(sum(s.drop_rate for s in stats) / len(stats))
         record.dead_experts.append(sum(int((s.routed == 0).sum()) for s in stats))
         if step % probe_every == 0 or step == steps - 1:  # after the routing stats: this forward overwrites them
@@ -603,7 +597,11 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
         if on_step is not None:
             record.load, record.prob = torch.stack(loads), torch.stack(probs)  # (step + 1, L, E)
             on_step(step, record)
+
+    start = time.perf_counter()
+    train(model, lambda step: get_batch(data, batch_size, seq_len, g), loss_of, steps=steps, lr=lr,
+          on_step=after_step)  # constant lr, clipped at 1.0, as the lesson's runs were made
     record.load, record.prob = torch.stack(loads), torch.stack(probs)  # (steps, L, E)
     record.seconds = time.perf_counter() - start
-    record.model = model.eval()
+    record.model = model
     return record

@@ -19,13 +19,13 @@ data symbols. Vocabulary size = n_symbols + 2.
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from lib._checks import require_int
+from lib.train import train, warmup_cosine
 from lib.training_cache import replayable
 
 __all__ = ["BLANK", "IGNORE", "RECALL", "AssociativeRecall", "SelectiveCopying", "task_accuracy", "task_loss",
@@ -177,7 +177,8 @@ def task_loss(model, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def train_on_task(model, task: Task, *, steps: int = 300, batch_size: int = 32, lr: float = 3e-3,
                   weight_decay: float = 0.0, seed: int = 0, on_step=None,
                   betas: tuple[float, float] = (0.9, 0.95)) -> list[float]:
-    """AdamW with a cosine schedule (5% warm-up) on fresh batches of `task`; returns every step's loss.
+    """AdamW with a cosine schedule (5% warm-up) on fresh batches of `task` (`lib.train.train`);
+    returns every step's loss.
     `on_step(step, loss)` is called after each step (e.g. widgets.LossCurve.update).
 
     `betas` are AdamW's: (0.9, 0.95) as nanoGPT trains; on associative recall a small GPT leaves its
@@ -187,35 +188,10 @@ def train_on_task(model, task: Task, *, steps: int = 300, batch_size: int = 32, 
     if (not isinstance(betas, (tuple, list)) or len(betas) != 2
             or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
         raise ValueError(f"betas must be two numbers in [0, 1) (AdamW's β₁, β₂), got {betas!r}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("model has no parameter with requires_grad=True: nothing to train")
     g = torch.Generator().manual_seed(seed)
-    # foreach on a CPU too, as lib.gpt.train_gpt (the same numbers, fewer operations)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), foreach=True)
-    warmup = max(1, steps // 20)
-
-    def schedule(s: int) -> float:
-        if s < warmup:
-            return (s + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    model.train()
-    losses = []
-    for step in range(steps):
-        idx, targets = task(batch_size, g)
-        loss = task_loss(model, idx, targets)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if on_step is not None:
-            on_step(step, losses[-1])
-    model.eval()
-    return losses
+    return train(model, lambda step: task(batch_size, g), lambda model, batch: task_loss(model, *batch), steps=steps,
+                 lr=lr, weight_decay=weight_decay, betas=tuple(betas), schedule=warmup_cosine(steps, max(1, steps // 20)),
+                 on_step=on_step)
 
 
 @torch.no_grad()
