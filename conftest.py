@@ -1,7 +1,7 @@
 """Root pytest configuration.
 
 `pytest --nbval lessons/` must compare the executed lessons only: the generated exercise
-notebooks have no stored outputs (students run them) and are checked by tests/test_exercises.py.
+notebooks have no stored outputs (students run them) and are checked by tests/exercises.
 """
 
 collect_ignore_glob = ["lessons/exercises/*", ".venv/*", "book/_build/*"]

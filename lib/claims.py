@@ -27,7 +27,7 @@ Verdicts, each from the helper that decides it, never typed:
     needs_gpu(reason) / not_measurable(reason) a capability this machine lacks, and why
 
 `claim()` takes only what these return (a `Verdict`), so a literal string cannot stand in for a
-measurement; tests/test_project.py also checks, over the lessons, that no cell asserts a claim's
+measurement; tests/project/test_project.py also checks, over the lessons, that no cell asserts a claim's
 own condition before registering it (a failing measurement must be recorded, not crash the cell).
 `REQUIRED` lists the claims the course promises to check; the build fails without each of them.
 """
@@ -64,7 +64,7 @@ def _verdict(value: str) -> Verdict:
     assert value in VERDICTS, value
     return Verdict(value)
 
-# The claims the course must check, by id: a lesson that drops one fails tests/test_claims.py.
+# The claims the course must check, by id: a lesson that drops one fails tests/lib/test_claims.py.
 REQUIRED: tuple[str, ...] = (
     "kv-cache-7b-34gb",  # a 7B model's KV cache, batch 16 x 4096 tokens, fp16: 34.35 GB
     "weights-7b-14gb",  # its weights in fp16: 14 GB

@@ -10,7 +10,7 @@ for the selective SSM (S6). The model built on it is `lib.mamba`.
     LTI            with fixed Ā, B̄, C the recurrence is a convolution, y = K * x with
                    K_k = C · (Ā^k ⊙ B̄)  (`lti_kernel`, `ssm_convolution`)
 
-The scans, equal up to rounding (tests/test_ssm.py asserts it, values and gradients). Each is one
+The scans, equal up to rounding (tests/lib/test_scan.py asserts it, values and gradients). Each is one
 entry of `SCANS` (name -> the scan's body, run after the checks); `selective_scan(..., impl=name)`
 is the front door to all of them, and the named functions below check their arguments and run one:
 
@@ -19,9 +19,9 @@ is the front door to all of them, and the named functions below check their argu
     "chunked"   a step per position *inside* a chunk, all chunks at once, then a short loop carrying
                 the state across chunks (see `selective_scan`)
     "cpu"       selective_scan_cpu: one fused loop in C, the state kept in cache, forward and
-                backward (`lib.kernels.scan_cpu`, compiled at first use; tests/test_scan_cpu.py)
+                backward (`lib.kernels.scan_cpu`, compiled at first use; tests/lib/test_scan_cpu.py)
     "triton"    selective_scan_triton: one fused kernel, the state kept on chip (`lib.kernels.scan`,
-                compiled on a GPU, Triton's interpreter on a CPU; tests/test_scan_kernel.py)
+                compiled on a GPU, Triton's interpreter on a CPU; tests/lib/test_scan_kernel.py)
     "auto"      the default: "cpu" for CPU inputs where the C loop compiled here, else "chunked".
                 Measured by tools/bench_ssm.py, benchmarks/ssm_cpu.json
 

@@ -65,7 +65,7 @@ def train(model: torch.nn.Module, next_batch: Callable, loss_of: Callable, *, st
         raise ValueError("model has no parameter with requires_grad=True: nothing to train")
     # foreach: one operation over all parameters per update. PyTorch defaults to it on GPUs only; on a CPU its
     # default loops over the tensors in Python, which costs a model of many small tensors (a Mamba, a hybrid)
-    # more than its arithmetic. The same numbers, bit for bit (tests/test_gpt.py).
+    # more than its arithmetic. The same numbers, bit for bit (tests/lib/test_gpt.py).
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), foreach=True)
     sched = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()

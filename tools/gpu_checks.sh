@@ -5,8 +5,8 @@
 #
 # 1. lesson 05's attention benchmark (naive vs SDPA vs our Triton flash kernel, 12 layers, causal
 #    fp16, S = 512 ... 8192): python -m lib.bench.attention -> $OUT/attention_gpu.json
-# 2. the kernel tests compiled on CUDA tensors, with the GPU-only ones (tests/test_kernels.py,
-#    tests/test_scan_kernel.py) -> $OUT/pytest_gpu.xml
+# 2. the kernel tests compiled on CUDA tensors, with the GPU-only ones (tests/lib/test_kernels.py,
+#    tests/lib/test_scan_kernel.py) -> $OUT/pytest_gpu.xml
 # 3. lesson 06's scans on the GPU: reference, chunked and the fused Triton scan -> $OUT/ssm_cuda.json
 # 4. lesson 07's MoE dispatch and lesson 04's KV-cache decode, on the GPU -> $OUT/moe_cuda.json,
 #    $OUT/kv_cache_cuda.json
@@ -41,7 +41,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log it, report 
 }
 
 step attention "${LIMIT_ATTENTION:-170}" "$PY" -m lib.bench.attention --out "$OUT/attention_gpu.json"
-step tests "${LIMIT_TESTS:-200}" "$PY" -m pytest -q -rs tests/test_kernels.py tests/test_scan_kernel.py \
+step tests "${LIMIT_TESTS:-200}" "$PY" -m pytest -q -rs tests/lib/test_kernels.py tests/lib/test_scan_kernel.py \
     --junitxml="$OUT/pytest_gpu.xml"
 step ssm "${LIMIT_SSM:-110}" "$PY" tools/bench_ssm.py --threads 1 --repeats 5 --sweep --out "$OUT/ssm_cuda.json"
 step moe "${LIMIT_MOE:-35}" "$PY" tools/bench_moe.py --threads 1 --repeats 5 --out "$OUT/moe_cuda.json"

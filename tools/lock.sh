@@ -25,7 +25,7 @@ lock() {  # lock OUTPUT PREFERENCES [uv pip compile arguments...]
   rm -f "$tmp"
 }
 # The contributor's lock first (the course plus the test and book extras), then the student's,
-# preferring the contributor's versions (tests/test_project.py checks that the two agree).
+# preferring the contributor's versions (tests/project/test_project.py checks that the two agree).
 lock requirements-dev.lock requirements-dev.lock --extra test --extra book
 lock requirements.lock requirements-dev.lock
 # environment.yml for conda: Python and pip, then pyproject's direct dependencies at the

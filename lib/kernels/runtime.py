@@ -15,7 +15,7 @@ module does not import triton; `load_triton()` does, on first use.
 
 Kernel modules (`flash`, `scan`, `scan_cpu`) import this module and `lib._checks`, nothing else from
 `lib`: their callers (`lib.attention`, `lib.scan`, `lib.conv`, `lib.norms`) check the arguments and
-import them, never the reverse (tests/test_project.py checks the import graph).
+import them, never the reverse (tests/project/test_project.py checks the import graph).
 """
 
 from __future__ import annotations

@@ -270,7 +270,7 @@ def test_import_switches_the_interpreter_on_without_a_gpu_and_works_without_trit
     base = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     for variant, env in (("unset", base), ("off", {**base, "TRITON_INTERPRET": "0"}), ("no-triton", base)):
         run = subprocess.run([sys.executable, "-c", script, variant], env=env, capture_output=True, text=True,
-                             timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                             timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         assert run.returncode == 0, run.stderr
         if not torch.cuda.is_available():
             expected = {"unset": "ran: (1, 1, 4, 16)", "off": "TRITON_INTERPRET=1", "no-triton": "needs the `triton` package"}
@@ -296,7 +296,7 @@ def test_import_order_the_doctor_first_works_and_triton_first_is_refused_clearly
     base = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     for variant, expected in (("doctor-first", "ran: (1, 1, 4, 16)"), ("triton-first", "import lib")):
         run = subprocess.run([sys.executable, "-c", script, variant], env=base, capture_output=True, text=True,
-                             timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                             timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         assert run.returncode == 0, run.stderr
         assert expected in run.stdout, (variant, run.stdout)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ("requirements.lock", "requirements-dev.lock")
 PLATFORMS = {
     "Linux x86-64": "x86_64-manylinux_2_28",

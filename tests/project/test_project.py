@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 
 from lib.course import LESSONS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MDS = sorted((ROOT / "lessons").glob("[0-9][0-9]-*.md"))
 NBS = [md.with_suffix(".ipynb") for md in MDS]
 LOCKS = {"student": ROOT / "requirements.lock", "contributor": ROOT / "requirements-dev.lock"}

@@ -1,71 +1,57 @@
-"""The MLM corruption view draws lib.bert.mlm_corrupt's result for every control value; the
-generated corpora are deterministic; the small MLM trainer learns the corpus' facts."""
+"""lib.corpus: the character and word vocabularies round-trip; the fact checker accepts exactly
+the corpus' true sentences; the swapped-sound table really changes every animal's sound; the
+generated corpora are deterministic and balanced, and a small MLM trained on them learns; and
+lib.bert.init_gradient_norms measures each layer's gradient."""
 
 import numpy as np
 import pytest
 import torch
 
-from lib.bert import BertConfig, BertForMaskedLM, init_gradient_norms, minilm_tokenizer, mlm_corrupt, predict_masked, train_mlm
-from lib.corpus import INTENTS, WordVocab, facts_corpus, intent_dataset
-from widgets.mlm_view import FATES, MLMState, MLMView, corruption_table, mlm_view_figure
+from lib.bert import BertConfig, BertForMaskedLM, init_gradient_norms, predict_masked, train_mlm
+from lib.corpus import (ANIMAL_SOUNDS, INTENTS, SWAPPED_SOUNDS, CharVocab, WordVocab, fact_is_true, facts_corpus,
+                        intent_dataset)
 
 
-def expected(state: MLMState):
-    tok = minilm_tokenizer()
-    ids = tok(state.sentence or " ", truncation=True, max_length=40, return_tensors="pt")["input_ids"]
-    corrupted, labels = mlm_corrupt(ids, mask_token_id=tok.mask_token_id, vocab_size=tok.vocab_size,
-                                    special_token_ids=tok.all_special_ids, prob=state.prob,
-                                    generator=torch.Generator().manual_seed(state.seed))
-    return tok, ids[0], corrupted[0], labels[0]
+def test_char_vocab_round_trips_the_corpus():
+    text = "\n".join(facts_corpus(200, seed=0)) + "\n"
+    vocab = CharVocab.build(text)
+    ids = vocab.encode(text)
+    assert ids.dtype == torch.long and len(ids) == len(text)
+    assert vocab.decode(ids) == text
+    assert vocab.itos == sorted(set(text))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        vocab.encode("Zebra!")
+    with pytest.raises(ValueError, match="non-empty"):
+        CharVocab.build("")
 
 
-def assert_draws(fig, state):
-    tok, ids, corrupted, labels = expected(state)
-    z = np.array(fig.data[0].z)
-    text = fig.data[0].text
-    assert list(text[0]) == tok.convert_ids_to_tokens(ids)
-    assert list(text[1]) == tok.convert_ids_to_tokens(corrupted)
-    sel = (labels != -100).numpy()
-    assert [t == "−100" for t in text[2]] == (~sel).tolist()
-    fate = z[0]
-    assert ((fate == 0) == ~sel).all()
-    assert ((fate == 1) == (sel & (corrupted == tok.mask_token_id).numpy())).all()
-    assert ((fate == 3) == (sel & (corrupted == ids).numpy())).all()
-    assert (z == z[0]).all()  # one fate per column
+def test_every_generated_sentence_is_a_true_fact():
+    assert all(fact_is_true(s) for s in facts_corpus(500, seed=4))
+    swapped = facts_corpus(500, seed=4, sounds=SWAPPED_SOUNDS)
+    assert all(fact_is_true(s, SWAPPED_SOUNDS) for s in swapped)
+    animal_lines = [s for s in swapped if s.startswith("the ")]
+    assert animal_lines and not any(fact_is_true(s) for s in animal_lines)  # false under the real sounds
 
 
-@pytest.mark.parametrize("prob", [0.0, 0.15, 0.5, 1.0])
-@pytest.mark.parametrize("seed", [0, 7])
-def test_static_view_draws_libs_corruption(prob, seed):
-    state = MLMState(prob=prob, seed=seed)
-    assert_draws(mlm_view_figure(state), state)
+@pytest.mark.parametrize("sentence", [
+    "the old dog meows in the barn .",  # wrong fact
+    "the old dog barks in the barn",  # no full stop
+    "the purple dog barks in the barn .",  # a word the templates never use
+    "a ripe lime is yellow .",
+    "ana went to the bakery on friday to buy meat .",
+    "ana went to the bakery on friday to buy br",
+    "",
+])
+def test_fact_checker_rejects_wrong_or_malformed_sentences(sentence):
+    assert not fact_is_true(sentence)
 
 
-def test_seed_slider_steps_carry_each_draw():
-    fig = mlm_view_figure(seeds=4)
-    steps = fig.layout.sliders[0].steps
-    assert [s.label for s in steps] == ["0", "1", "2", "3"]
-    for s in steps:
-        table = corruption_table(MLMState(seed=int(s.label)))
-        assert s.args[0]["z"][0][0] == table["fate"]
-
-
-@pytest.mark.parametrize("sentence", ["", "a", "naïve café 東京", "word " * 80])
-def test_live_view_survives_every_sentence_and_slider_value(sentence):
-    view = MLMView()
-    view.controls["sentence"].value = sentence
-    for prob in (0.0, 0.05, 1.0):
-        view.controls["prob"].value = prob
-        for seed in (view.controls["seed"].min, view.controls["seed"].max):
-            view.controls["seed"].value = seed
-            assert_draws(view.figure, view.state)
-    assert view._repr_mimebundle_()["text/plain"].startswith("MLMView")
-
-
-def test_full_selection_shows_every_fate():
-    table = corruption_table(MLMState(prob=1.0, seed=3, sentence=" ".join(["word"] * 38)))
-    assert set(table["fate"][1:-1]) == {1, 2, 3} and table["fate"][0] == 0  # [CLS] is never selected
-    assert len(FATES) == 4
+def test_swapped_sounds_change_every_animal_and_reuse_the_same_sounds():
+    assert sorted(SWAPPED_SOUNDS) == sorted(ANIMAL_SOUNDS)
+    assert all(SWAPPED_SOUNDS[a] != ANIMAL_SOUNDS[a] for a in ANIMAL_SOUNDS)
+    assert sorted(SWAPPED_SOUNDS.values()) == sorted(ANIMAL_SOUNDS.values())
+    with pytest.raises(ValueError, match="animals"):
+        facts_corpus(3, sounds={"dog": "barks"})
 
 
 def test_corpora_are_deterministic_and_balanced():

@@ -13,7 +13,7 @@ from lib.claims import (MIMETYPE, REQUIRED, SCALE, VERDICTS, Claim, arithmetic_i
                         claims_in_notebook, needs_gpu, not_measurable, partly_reproduced_if, reproduced_if)
 from lib.claims import _verdict  # tests build every verdict directly; lessons go through the helpers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("build_claims", ROOT / "tools" / "build_claims.py")
 build_claims = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_claims)

@@ -8,7 +8,7 @@ import pytest
 
 from lib.kernels.no_triton import NO_TRITON, tl, triton
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A sitecustomize that makes `import triton` fail, as on macOS or Windows.
 BLOCK_TRITON = """

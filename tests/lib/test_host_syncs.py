@@ -127,5 +127,5 @@ def test_debug_is_a_switch_and_the_environment_sets_it():
         lib.debug("yes")
     env = dict(os.environ, ONEMASK_DEBUG="1")
     run = subprocess.run([sys.executable, "-c", "import lib; print(lib.debug())"], env=env, capture_output=True,
-                         text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr

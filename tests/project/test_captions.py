@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NBS = sorted((ROOT / "lessons").glob("[0-9][0-9]-*.ipynb"))
 PLOTLY = "application/vnd.plotly.v1+json"
 CAPTION = re.compile(r"^\*{1,2}What to notice:?\*{1,2}:?\s+\S")  # *What to notice:* or **What to notice:**

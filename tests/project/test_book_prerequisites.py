@@ -9,7 +9,7 @@ import yaml
 
 from lib.course import LESSONS
 
-BOOK = Path(__file__).resolve().parent.parent / "book"
+BOOK = Path(__file__).resolve().parents[2] / "book"
 PREREQUISITES = yaml.safe_load((BOOK / "prerequisites.yml").read_text())
 
 

@@ -19,7 +19,7 @@ import pytest
 from lib import doctor, hosted
 from widgets import _render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import sync_setup_cell  # noqa: E402
 

@@ -17,7 +17,7 @@ import lib.kernels.runtime as runtime
 from lib.kernels import kernel_mode
 from lib.mamba import MambaConfig, MambaLM
 from lib.scan import selective_scan, selective_scan_ref, selective_scan_triton
-from tests.test_ssm import scan_inputs
+from scan_builders import scan_inputs
 
 ON_GPU = torch.cuda.is_available() and kernel_mode() == "compiled"
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -26,7 +26,7 @@ needs_kernels = pytest.mark.skipif(kernel_mode() == "unavailable", reason="no GP
 # The kernel and the reference add the same terms in the same order, step by step, in fp32; they
 # differ only where exp and the N-term dot product C·h round differently (the kernel sums the N
 # products in a tree, the reference with torch.sum). Measured: about 1e-7 relative to the output's
-# largest value. 1e-5 (~100 ε32) is the bound the other scans are held to in tests/test_ssm.py.
+# largest value. 1e-5 (~100 ε32) is the bound the other scans are held to in tests/lib/test_scan.py.
 RTOL32 = 1e-5
 
 

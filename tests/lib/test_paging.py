@@ -1,6 +1,6 @@
 """lib.paging: attention through a block table equals attention on each sequence's own contiguous
 K/V, and the table really matters; the cache returns what was written; the allocator never hands
-a block out twice. (The serving simulator is tests/test_serving.py.)"""
+a block out twice. (The serving simulator is tests/lib/test_serving.py.)"""
 
 import pytest
 import torch

@@ -16,7 +16,7 @@ from lib.course import LESSONS
 from widgets import gallery
 from widgets.gallery import GALLERY, PRESENTER_CSS, build, present, presented
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EIGHT = ["mask_explorer", "mlm_corruption", "sampling_knobs", "kv_calculator", "paging_simulator",
          "tile_schedule", "ssm_state_animator", "router_animator"]
 

@@ -24,15 +24,15 @@ from lib.conv import causal_conv1d, causal_conv1d_cpu, causal_conv1d_ref
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
 from lib.mamba import MambaConfig, MambaLM
 from lib.scan import selective_scan, selective_scan_cpu, selective_scan_ref
-from tests.test_ssm import TOL64, _bad_scan_cases, scan_inputs
+from scan_builders import TOL64, bad_scan_cases, scan_inputs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_kernel = pytest.mark.skipif(not cpu_kernel_available(), reason=f"the CPU scan kernel is {cpu_kernel_status()}")
 
 # The loop adds the same terms as the reference in the same order along the sequence; they differ
 # where exp rounds differently (glibc's vector expf is within 4 ulp, torch's within 1) and in the
 # order of the N-term sum C·h (the loop sums in vector lanes). Measured: below 1e-6 of the output's
-# largest value. 1e-5 (~100 ε32) is what every other scan is held to (tests/test_ssm.py).
+# largest value. 1e-5 (~100 ε32) is what every other scan is held to (tests/lib/test_scan.py).
 RTOL32 = 1e-5
 
 
@@ -401,7 +401,7 @@ def test_the_build_is_cached_by_source_and_flags(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- bad input
 @needs_kernel
-@pytest.mark.parametrize("case", _bad_scan_cases(), ids=lambda c: c[0])
+@pytest.mark.parametrize("case", bad_scan_cases(), ids=lambda c: c[0])
 def test_kernel_refuses_bad_inputs_like_the_other_scans(case):
     _, kwargs, error, message = case
     with pytest.raises(error, match=message):

@@ -1,0 +1,96 @@
+"""Lesson 01's exercise checks: they fail on stubs with hints, pass on solutions, never raise."""
+
+import math
+
+import pytest
+import torch
+
+from exercise_helpers import stub
+from lib.attention import attention_ref
+from lib.exercises import CheckReport
+from lib.masks import causal_mask
+from lib.exercises.lesson01 import check_causal_mask, check_masked_attention
+
+
+
+# ---------------------------------------------------------------- exercise 1.1
+def test_causal_mask_check_passes_on_the_solution_and_fails_on_the_stub():
+    assert check_causal_mask(causal_mask).passed
+    report = check_causal_mask(stub)
+    assert not report.passed and report.problem == "not attempted yet"
+    assert "NotImplementedError" in repr(report)
+
+
+@pytest.mark.parametrize(
+    "wrong, hint_words",
+    [
+        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(), "not True/False"),
+        (lambda T: torch.full((T, T), float("-inf")).tril(diagonal=-1), "blocked the past"),
+        (lambda T: torch.full((T, T), float("-inf")).triu(diagonal=0), "diagonal"),
+        (lambda T: torch.full((T, T), -1e9).triu(diagonal=1), "-1e9"),
+        (lambda T: torch.full((T, T), float("-inf")).triu(diagonal=1).double(), None),
+        (lambda T: None, "return"),
+    ],
+)
+def test_causal_mask_check_names_the_mistake(wrong, hint_words):
+    report = check_causal_mask(wrong)
+    assert not report.passed
+    if hint_words:
+        assert hint_words in (report.hint or "") + (report.problem or "")
+
+
+# ---------------------------------------------------------------- exercise 1.2
+def solution(q, k, v, mask):
+    return attention_ref(q, k, v, mask)
+
+
+def plain_softmax(q, k, v, mask):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + mask, -1) @ v
+
+
+def no_max_subtraction(q, k, v, mask):
+    e = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + mask)
+    return e / e.sum(-1, keepdim=True).clamp_min(1e-30) @ v
+
+
+def unscaled(q, k, v, mask):
+    return attention_ref(q, k, v, mask, scale=1.0)
+
+
+def wrong_axis(q, k, v, mask):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + mask, -2).nan_to_num(0.0) @ v
+
+
+def mask_ignored(q, k, v, mask):
+    return attention_ref(q, k, v)
+
+
+def crashes(q, k, v, mask):
+    return q @ k  # shape error for T != D
+
+
+def test_masked_attention_check_passes_on_the_solution_and_fails_on_the_stub():
+    assert check_masked_attention(solution).passed
+    assert check_masked_attention(stub).problem == "not attempted yet"
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (plain_softmax, "did a whole row get -inf?"),
+        (no_max_subtraction, "subtract each row's maximum"),
+        (unscaled, "divide QKᵀ by √D"),
+        (wrong_axis, "dim=-1"),
+        (mask_ignored, "the mask was not applied"),
+        (crashes, "raised RuntimeError"),
+    ],
+)
+def test_masked_attention_check_gives_a_targeted_hint(wrong, words):
+    report = check_masked_attention(wrong)
+    assert isinstance(report, CheckReport) and not report.passed
+    assert words in f"{report.problem} {report.hint}"
+
+
+def test_a_check_given_a_non_function_explains_instead_of_raising():
+    report = check_causal_mask(causal_mask(3))
+    assert not report.passed and "without calling it" in report.hint

@@ -1,0 +1,288 @@
+"""lib.mamba: recurrent decoding matches the parallel forward, the state has a constant size,
+the model is causal, initialised and trained as Mamba, equal to Hugging Face's Mamba; traced
+states are the layer's own recurrence; bad inputs are refused clearly."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib.gpt import GPT, Block, GPTConfig, train_gpt
+from lib.kv_cache import kv_cache_bytes
+from lib.mamba import MambaConfig, MambaLM, MambaMixer, MambaState, SelectiveSSM, generate, state_bytes, trace_states
+from lib.scan import discretize, lti_kernel, ssm_convolution
+from scan_builders import one_thread  # noqa: F401  (an autouse fixture: one thread for tiny tensors)
+
+
+def test_non_selective_layer_is_a_convolution_of_its_own_kernel():
+    config = MambaConfig.tiny(d_model=8, n_layers=1, selective=False, d_state=4)
+    torch.manual_seed(13)
+    layer = SelectiveSSM(config).double()
+    x = torch.randn(2, 30, config.d_inner, dtype=torch.float64)
+    y, _ = layer(x)
+    delta = F.softplus(layer.dt_bias)
+    A_bar, B_bar = discretize(delta, -torch.exp(layer.A_log), layer.B)
+    K = lti_kernel(A_bar, B_bar, layer.C, 30)
+    torch.testing.assert_close(ssm_convolution(x, K, layer.D), y, rtol=1e-10, atol=1e-10)
+    d1, _, B1, C1 = layer.ssm_params(x)
+    d2, _, B2, C2 = layer.ssm_params(torch.randn_like(x))
+    assert torch.equal(d1, d2) and torch.equal(B1, B2) and torch.equal(C1, C2)  # not input-dependent
+
+
+def tiny_model(seed=0, **changes) -> MambaLM:
+    torch.manual_seed(seed)
+    return MambaLM(MambaConfig.tiny(d_model=32, n_layers=2, **changes)).eval()
+
+
+@pytest.mark.parametrize("changes", [{}, {"chunk_size": 4}, {"selective": False}, {"norm": "layer", "d_conv": 2}])
+def test_step_by_step_decoding_matches_parallel_forward(changes):
+    """Decoding one token at a time from new_state() gives the forward's logits at every position.
+    Both in fp32; they differ only in rounding order (a conv as a sum vs conv1d, the scan chunked
+    vs stepped), and logits are O(1): 1e-5 absolute is ~100 ε of them."""
+    model = tiny_model(**changes)
+    idx = torch.randint(64, (2, 23), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)  # (B, T, V)
+        state = model.new_state(2)
+        for t in range(idx.shape[1]):
+            logits, state = model.step(idx[:, t], state)
+            torch.testing.assert_close(logits, full[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_in_pieces_matches_one_prefill():
+    model = tiny_model()
+    idx = torch.randint(64, (2, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full, state = model.prefill(idx)
+        a, s1 = model.prefill(idx[:, :2])  # shorter than the conv's window: its state mixes zeros and inputs
+        b, s2 = model.prefill(idx[:, 2:11], s1)
+        c, s3 = model.prefill(idx[:, 11:], s2)
+    torch.testing.assert_close(torch.cat([a, b, c], dim=1), full, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the same scan as prefill's (selective_scan's "auto" picks by whether grad is needed)
+        torch.testing.assert_close(full, model(idx), rtol=0, atol=0)
+    # with gradients on, "auto" is the chunked scan: the same up to fp32 rounding (logits are O(1))
+    torch.testing.assert_close(full, model(idx), rtol=1e-5, atol=1e-5)
+    for u, v in zip(state.conv + state.ssm, s3.conv + s3.ssm):
+        torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-5)
+
+
+def test_state_size_is_constant_in_position_and_matches_state_bytes():
+    model = tiny_model()
+    config = model.config
+    expected = state_bytes(model, 3)
+    assert expected == config.n_layers * 3 * config.d_inner * (config.d_conv - 1 + config.d_state) * 4
+    state = model.new_state(3)
+    sizes = [state.nbytes]
+    with torch.no_grad():
+        for t in range(40):
+            _, state = model.step(torch.full((3,), t % 64), state)
+            sizes.append(state.nbytes)
+        _, long_state = model.prefill(torch.randint(64, (3, 500)))
+    assert set(sizes) == {expected} and long_state.nbytes == expected
+    assert state_bytes(config, 3, "fp16") == expected // 2 == state_bytes(config, 3, torch.bfloat16)
+    # a KV cache of the same width and depth passes it after a handful of positions, and keeps growing
+    kv = [kv_cache_bytes(config.n_layers, 3, s, 1, config.d_model, 4) for s in (1, 100)]
+    assert kv[1] == 100 * kv[0] > expected
+
+
+def test_greedy_generate_matches_recomputing_the_forward():
+    model = tiny_model()
+    prompt = torch.randint(64, (2, 5), generator=torch.Generator().manual_seed(3))
+    out = generate(model, prompt, 12, temperature=0.0)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(12):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, seq)
+    a = generate(model, prompt, 8, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(4))
+    b = generate(model, prompt, 8, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and a.shape == (2, 13)
+
+
+def test_model_is_causal_and_scans_agree():
+    model = tiny_model(chunk_size=4)
+    idx = torch.randint(64, (1, 20), generator=torch.Generator().manual_seed(5))
+    changed = idx.clone()
+    changed[0, 12] = (idx[0, 12] + 1) % 64
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+        assert torch.equal(a[:, :12], b[:, :12]) and not torch.allclose(a[:, 12:], b[:, 12:])
+        for scan in ("ref", "parallel"):
+            other = tiny_model(scan=scan)
+            other.load_state_dict(model.state_dict())
+            torch.testing.assert_close(other(idx), a, rtol=1e-5, atol=1e-5)
+
+
+def test_initialisation_follows_mamba():
+    model = tiny_model()
+    config = model.config
+    ssm = model.layers[0].mixer.ssm
+    n = config.d_state
+    A = -torch.arange(1, n + 1).float().repeat(config.d_inner, 1)  # S4D-real: A[d, n] = -(n + 1)
+    torch.testing.assert_close(-torch.exp(ssm.A_log), A, rtol=1e-6, atol=0)  # exp(log(k)) rounds in the last bit
+    assert torch.equal(ssm.D, torch.ones(config.d_inner))
+    dt = F.softplus(ssm.dt_proj.bias)
+    assert (dt >= config.dt_min * (1 - 1e-5)).all() and (dt <= config.dt_max * (1 + 1e-5)).all()
+    assert config.dt_rank == math.ceil(32 / 16) and config.d_inner == 64
+    assert model.lm_head.weight is model.embedding.weight
+
+
+def test_tiny_mamba_trains_and_loss_decreases():
+    """A stream whose next token is fixed by the current one: the loss falls from ln(64) fast."""
+    g = torch.Generator().manual_seed(6)
+    successor = torch.randperm(64, generator=g)
+    stream = [0]
+    for _ in range(4000):  # 90%: the current token's fixed successor; 10%: a random token
+        follow = torch.rand(1, generator=g) < 0.9
+        stream.append(int(successor[stream[-1]]) if follow else int(torch.randint(64, (1,), generator=g)))
+    data = torch.tensor(stream)
+    model = tiny_model()
+    losses = train_gpt(model, data, steps=20, batch_size=8, seq_len=32, lr=1e-2, seed=0)
+    assert losses[0] > 3.5  # about ln(64) = 4.16 at the start
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.0
+
+
+def test_non_selective_variant_runs_and_has_no_input_projection():
+    model = tiny_model(selective=False)
+    selective = tiny_model()
+    idx = torch.randint(64, (2, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 16, 64) and torch.isfinite(loss)
+    assert not hasattr(model.layers[0].mixer.ssm, "x_proj")
+    assert model.num_parameters() < selective.num_parameters()
+
+
+def test_mamba_mixer_stands_in_for_attention_in_a_gpt_block():
+    gpt_config = GPTConfig.tiny(n_layer=2, n_embd=32, n_head=2, block_size=16)
+    mamba_config = MambaConfig(vocab_size=64, d_model=32, n_layers=2)
+    torch.manual_seed(0)
+    hybrid = GPT(gpt_config, make_block=lambda cfg, i: Block(cfg, attn=MambaMixer(mamba_config)))
+    logits, loss = hybrid(torch.randint(64, (2, 16)), torch.randint(64, (2, 16)))
+    assert logits.shape == (2, 16, 64) and torch.isfinite(loss)
+
+
+def test_traced_states_are_the_layers_own_recurrence_and_selective_steps_differ_by_token():
+    torch.manual_seed(0)
+    for selective in (True, False):
+        model = MambaLM(MambaConfig(vocab_size=10, d_model=16, n_layers=2, selective=selective))
+        idx = torch.randint(10, (2, 9), generator=torch.Generator().manual_seed(1))
+        tr = trace_states(model, idx, layer=1)  # raises if the states do not reproduce the layer's output
+        assert tr["h"].shape == (2, 9, 32, 16) and tr["delta"].shape == (2, 9, 32)
+        spread = tr["delta"].std(dim=1).max().item()  # over positions
+        assert (spread > 1e-4) if selective else (spread == 0.0)  # Δ depends on the token only when selective
+    with pytest.raises(ValueError, match="layer must be < n_layers"):
+        trace_states(model, idx, layer=2)
+
+
+def test_traced_states_of_a_float64_model_stay_float64():
+    """trace_states recomputes in the model's dtype (at least fp32): a float64 model, as the lessons
+    train, is traced in float64 and its recomputation reproduces the layer to float64 rounding."""
+    from lib.precision import default_dtype
+
+    with default_dtype(torch.float64):
+        torch.manual_seed(0)
+        model = MambaLM(MambaConfig(vocab_size=10, d_model=16, n_layers=2))
+    idx = torch.randint(10, (2, 9), generator=torch.Generator().manual_seed(1))
+    tr = trace_states(model, idx, layer=1)
+    assert tr["h"].dtype == tr["delta"].dtype == torch.float64
+
+
+HF_NAMES = {"embedding.weight": "backbone.embeddings.weight", "norm_f.weight": "backbone.norm_f.weight",
+            "lm_head.weight": "lm_head.weight"}
+
+
+def _hf_name(name: str) -> str:
+    """Our parameter name -> Hugging Face MambaForCausalLM's (the official layout, less the `ssm.` step)."""
+    if name in HF_NAMES:
+        return HF_NAMES[name]
+    return "backbone." + name.replace("mixer.ssm.", "mixer.")
+
+
+@pytest.mark.parametrize("scan", ["auto", "chunked", "ref"])
+def test_mamba_lm_is_hugging_faces_mamba_for_causal_lm(scan):
+    """Our MambaLM with a Hugging Face MambaForCausalLM's weights (transformers' own PyTorch path,
+    no download: a random model of the same config) gives the same logits and the same gradient for
+    every parameter, in fp64, whichever scan runs it (auto: the fused C loop and its convolution
+    where they compiled), and decodes step by step to the same logits."""
+    from transformers import MambaConfig as HFMambaConfig
+    from transformers import MambaForCausalLM
+
+    torch.manual_seed(0)
+    config = HFMambaConfig(vocab_size=37, hidden_size=24, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+                           time_step_rank=3, use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5,
+                           residual_in_fp32=True, tie_word_embeddings=True)
+    hf = MambaForCausalLM(config).double()
+    ours = MambaLM(MambaConfig(vocab_size=37, d_model=24, n_layers=2, d_state=8, d_conv=4, dt_rank=3, scan=scan)).double()
+    theirs = hf.state_dict()
+    missing = ours.load_state_dict({name: theirs[_hf_name(name)] for name in ours.state_dict()}, strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    idx = torch.randint(37, (3, 23), generator=torch.Generator().manual_seed(1))
+
+    def hf_logits(ids):  # MambaForCausalLM's head, without the float32 cast it applies to its logits
+        return hf.lm_head(hf.backbone(input_ids=ids).last_hidden_state)
+
+    hf_out = hf_logits(idx[:, :-1])
+    hf_loss = F.cross_entropy(hf_out.reshape(-1, 37), idx[:, 1:].reshape(-1))
+    logits, loss = ours(idx[:, :-1], idx[:, 1:])
+    assert hf_out.dtype == logits.dtype == torch.float64
+    # Hugging Face's path computes its RMSNorm and B̄x in float32 even in a float64 model, so the two
+    # agree to float32's rounding (measured: 1e-7 of the largest logit, 3e-7 of a gradient's largest
+    # entry), not float64's; 1e-5 of the largest value still fails on any real difference (O(1)).
+    tol = dict(rtol=1e-5, atol=1e-5 * hf_out.abs().max().item())
+    torch.testing.assert_close(logits, hf_out, **tol)
+    torch.testing.assert_close(loss, hf_loss, rtol=1e-6, atol=0)
+    loss.backward()
+    hf_loss.backward()
+    hf_params = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        want = hf_params[_hf_name(name)].grad
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-5 * want.abs().max().item(),
+                                   msg=lambda m: f"grad of {name}: {m}")
+    with torch.no_grad():  # and the recurrent step reproduces the parallel forward
+        state = ours.new_state(3)
+        stepped = []
+        for t in range(idx.shape[1]):
+            out, state = ours.step(idx[:, t], state)
+            stepped.append(out)
+        torch.testing.assert_close(torch.stack(stepped, 1), hf_logits(idx), **tol)
+
+
+def test_a_float64_model_keeps_every_parameter_in_float64_and_a_half_default_keeps_A_in_fp32():
+    """A_log follows the default dtype, so a float64 model trains in float64 throughout; a half default
+    keeps A in float32, as the official code does."""
+    from lib.precision import default_dtype
+
+    with default_dtype(torch.float64):
+        model = MambaLM(MambaConfig(vocab_size=10, d_model=16, n_layers=1))
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        ssm = SelectiveSSM(MambaConfig(vocab_size=10, d_model=16, n_layers=1))
+    finally:
+        torch.set_default_dtype(before)
+    assert ssm.A_log.dtype == torch.float32 and ssm.D.dtype == torch.bfloat16
+
+
+def test_the_model_refuses_bad_inputs():
+    with pytest.raises(ValueError, match="scan must be one of"):
+        MambaConfig.tiny(scan="fast")
+    with pytest.raises(TypeError, match="dt_rank must be an int"):
+        MambaConfig.tiny(dt_rank="big")
+    model = tiny_model()
+    with pytest.raises(TypeError, match="state must be a MambaState"):
+        model.step(torch.zeros(2, dtype=torch.long), None)
+    with pytest.raises(ValueError, match=r"state.conv\[0\] must have shape \(2, 64, 3\) for a batch of 2"):
+        model.step(torch.zeros(2, dtype=torch.long), model.new_state(3))
+    with pytest.raises(ValueError, match=r"idx_t must have shape \(B,\)"):
+        model.step(torch.zeros(2, 1, dtype=torch.long), model.new_state(2))
+    with pytest.raises(ValueError, match="must lie in"):
+        model(torch.full((1, 4), 64))
+    with pytest.raises(ValueError, match="no padding mask"):
+        model.layers[0].mixer(torch.zeros(1, 3, 32), mask=torch.zeros(1, 1, 1, 3))
+    with pytest.raises(ValueError, match="not a KV cache: cache must be a lib.mamba.MixerCache"):
+        model.layers[0].mixer(torch.zeros(1, 3, 32), cache=object())
+    with pytest.raises(TypeError, match="model_or_config must be a MambaLM or a MambaConfig"):
+        state_bytes(GPTConfig.tiny(), 1)
+    assert isinstance(model.new_state(1), MambaState)
