@@ -14,7 +14,7 @@ the Mamba layers keep a fixed-size state. A hybrid pays the KV cost only for its
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 
 import torch
 
@@ -110,10 +110,10 @@ def decode_state_bytes(model, batch: int, seq_len: int, dtype: torch.dtype | str
     if isinstance(model, MambaLM):
         return state_bytes(model, batch, dtype)
     if isinstance(model, HybridGPT):
-        c, m = model.config, model.mamba_config
-        n_attn = model.pattern.count("A")
+        c, n_attn, n_mamba = model.config, model.pattern.count("A"), model.pattern.count("M")
         kv = kv_cache_bytes(n_attn, batch, seq_len, c.n_head, c.head_dim, bpe) if n_attn else 0
-        return kv + math.ceil(model.pattern.count("M") * batch * m.d_inner * (m.d_conv - 1 + m.d_state) * bpe)
+        # the state of its "M" layers: a Mamba of that many layers (state_bytes' formula, not a copy)
+        return kv + (state_bytes(replace(model.mamba_config, n_layers=n_mamba), batch, dtype) if n_mamba else 0)
     if isinstance(model, GPT):
         c = model.config
         return kv_cache_bytes(c.n_layer, batch, seq_len, c.n_head, c.head_dim, bpe)
