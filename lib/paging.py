@@ -1,16 +1,9 @@
 """Paged KV memory: PagedAttention's block table in plain PyTorch.
 
 Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
-SOSP 2023 (arXiv 2309.06180). A server that stores each request's KV cache as one contiguous
-range must reserve that range when the request is admitted, before it knows how long the output
-will be. §3 of the paper names three ways this wastes KV memory:
-
-    reserved slots           slots kept for tokens the request has not generated yet (they will
-                             be filled, but hold nothing useful meanwhile)
-    internal fragmentation   slots beyond the request's true final length: over-provisioning to
-                             the maximum length, never filled
-    external fragmentation   free memory between allocations, in holes too small for the next
-                             request
+SOSP 2023 (arXiv 2309.06180). A server that keeps each request's KV cache in one contiguous range
+must reserve it at admission, before it knows the output's length, and wastes memory three ways
+(§3 of the paper; `lib.serving` lists them and measures them step by step).
 
 PagedAttention stores K/V in fixed-size blocks of b tokens anywhere in a pool, and a per-sequence
 block table maps logical block i to its physical block (the OS page table idea). A request takes
@@ -21,9 +14,6 @@ one block at a time as it grows, so the only waste is the unfilled tail of its l
     paged_attention               attention over K/V gathered through block tables (the paper's §4.1
                                   kernel, here as gather + mask + lib.attention.attention)
     paged_attention_ref           the same per sequence on its own contiguous K/V: the truth
-
-What paging saves a server, measured step by step against contiguous reservation, is
-`lib.serving` (the serving simulator).
 
 Glossary: B batch (sequences), H query heads, H_kv key/value heads (H_kv divides H), D head dim,
 T new query tokens per sequence (1 while decoding), S tokens of a sequence, N physical blocks in
