@@ -12,7 +12,6 @@ from lib.masks import causal_mask
 from lib.exercises.lesson01 import check_causal_mask, check_masked_attention
 
 
-
 # ---------------------------------------------------------------- exercise 1.1
 def test_causal_mask_check_passes_on_the_solution_and_fails_on_the_stub():
     assert check_causal_mask(causal_mask).passed

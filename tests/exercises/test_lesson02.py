@@ -1,4 +1,5 @@
-"""Lesson 02's exercise checks: they fail on stubs and on plausible wrong answers with a hint that names the mistake, pass on lib."""
+"""Lesson 02's exercise checks: they fail on stubs and on plausible wrong answers with a hint that
+names the mistake, pass on lib."""
 
 from functools import partial
 
@@ -9,9 +10,6 @@ from exercise_helpers import stub
 from lib.bert import mlm_corrupt
 from lib.exercises.lesson02 import check_mlm_corrupt, check_padding_mask
 from lib.masks import padding_mask
-
-
-# ---------------------------------------------------------------- lesson 02
 
 
 def test_padding_mask_check_passes_on_lib_and_fails_on_the_stub():

@@ -1,5 +1,5 @@
-"""Lesson 03's exercise checks: they fail on stubs and on plausible wrong answers with a hint that names the mistake, pass on lib."""
-
+"""Lesson 03's exercise checks: they fail on stubs and on plausible wrong answers with a hint that
+names the mistake, pass on lib."""
 
 import pytest
 import torch
@@ -9,9 +9,6 @@ from lib.exercises.lesson03 import check_clm_loss, check_rope, check_top_p_filte
 from lib.gpt import clm_loss
 from lib.rope import apply_rope, rope_cos_sin
 from lib.sampling import top_p_filter
-
-
-# ---------------------------------------------------------------- lesson 03
 
 
 def _lib_rope(x, positions):

@@ -1,5 +1,5 @@
-"""Lesson 04's exercise checks: they fail on stubs and on plausible wrong answers with a hint that names the mistake, pass on lib."""
-
+"""Lesson 04's exercise checks: they fail on stubs and on plausible wrong answers with a hint that
+names the mistake, pass on lib."""
 
 import pytest
 import torch
@@ -7,9 +7,6 @@ import torch
 from exercise_helpers import stub
 from lib.exercises.lesson04 import check_cache_update, check_kv_cache_bytes
 from lib.kv_cache import kv_cache_bytes
-
-
-# ---------------------------------------------------------------- lesson 04
 
 
 def _lib_update(k_cache, v_cache, start, k, v):

@@ -1,5 +1,5 @@
-"""Lesson 05's exercise checks: they fail on stubs and on plausible wrong answers with a hint that names the mistake, pass on lib."""
-
+"""Lesson 05's exercise checks: they fail on stubs and on plausible wrong answers with a hint that
+names the mistake, pass on lib."""
 
 import pytest
 import torch
@@ -11,9 +11,6 @@ from lib.kernels import key_block_bounds
 
 import triton  # noqa: E402  (after lib, which switches triton to its interpreter without a GPU)
 import triton.language as tl  # noqa: E402
-
-
-# ---------------------------------------------------------------- lesson 05
 
 
 @triton.jit

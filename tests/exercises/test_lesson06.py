@@ -1,5 +1,5 @@
-"""Lesson 06's exercise checks: they fail on stubs and on plausible wrong answers with a hint that names the mistake, pass on lib."""
-
+"""Lesson 06's exercise checks: they fail on stubs and on plausible wrong answers with a hint that
+names the mistake, pass on lib."""
 
 import pytest
 import torch
@@ -7,9 +7,6 @@ import torch
 from exercise_helpers import stub
 from lib.exercises.lesson06 import check_discretize, check_scan_combine, check_ssm_step
 from lib.scan import discretize, scan_combine
-
-
-# ---------------------------------------------------------------- lesson 06
 
 
 def _lib_step(h, x, delta, A, B, C):

@@ -1,4 +1,5 @@
-"""Lesson 07's exercise checks: they fail on stubs and on plausible wrong answers with a hint that names the mistake, pass on lib."""
+"""Lesson 07's exercise checks: they fail on stubs and on plausible wrong answers with a hint that
+names the mistake, pass on lib."""
 
 import math
 
@@ -8,9 +9,6 @@ import torch
 from exercise_helpers import stub
 from lib.exercises.lesson07 import check_balance_loss, check_expert_capacity, check_top_k_gating
 from lib.moe import expert_capacity, load_balancing_loss
-
-
-# ---------------------------------------------------------------- lesson 07
 
 
 def _gating(logits, k):

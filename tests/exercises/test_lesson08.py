@@ -1,14 +1,11 @@
-"""Lesson 08's exercise checks: they fail on stubs and on plausible wrong answers with a hint that names the mistake, pass on lib."""
-
+"""Lesson 08's exercise checks: they fail on stubs and on plausible wrong answers with a hint that
+names the mistake, pass on lib."""
 
 import pytest
 import torch
 
 from lib.exercises.lesson08 import check_recall_batch
 from lib.tasks import AssociativeRecall
-
-
-# --------------------------------------------------------------------------- lesson 08
 
 
 def test_lesson08_check_passes_on_lib_and_fails_on_the_stub():

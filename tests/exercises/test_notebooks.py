@@ -9,8 +9,6 @@ import pytest
 from exercise_helpers import ROOT, LESSONS, load_tool
 
 
-
-# ---------------------------------------------------------------- generated notebooks
 def test_stub_generation_replaces_the_solution_block_at_its_indentation():
     tool = load_tool("make_exercises")
     src = "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n\ncheck(f)"
