@@ -131,3 +131,27 @@ def require_targets(name: str, t, shape: tuple, V: int, ignore_index: int = -100
     if bool(bad.any()):
         raise ValueError(f"{name} must lie in [0, V={V}) (or be {ignore_index} to skip a position), "
                          f"got {int(t[bad][0])}")
+
+
+def require_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor:
+    """A decoder's padding mask: (B, S) of 1 (token) / 0 (padding), or True/False, left-padded,
+    on `device`; returns it as bool. Its values are scanned only where `scan_values()` says."""
+    require_tensor("attention_mask", attention_mask)
+    if tuple(attention_mask.shape) != shape:
+        raise ValueError(f"attention_mask must have shape (B, start + T) = {shape}, covering cached positions "
+                         f"too, got {tuple(attention_mask.shape)}")
+    if attention_mask.device != device:
+        raise ValueError(f"attention_mask must be on idx's device {device}, got {attention_mask.device}")
+    if attention_mask.is_floating_point():
+        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
+    keep = attention_mask.bool()
+    if not scan_values():
+        return keep
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
+    if bool((keep[:, :-1] & ~keep[:, 1:]).any()):
+        raise ValueError("attention_mask must be left-padded: in each row every 0 comes before every 1 "
+                         "(right padding would put new tokens after the padding)")
+    if not bool(keep[:, -1].all()):
+        raise ValueError("attention_mask: every row needs at least one real token, at the last position")
+    return keep

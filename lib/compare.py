@@ -13,18 +13,12 @@
     forward_flops(model, T)               FLOPs of one forward over T tokens (torch's counter,
                                           plus the selective scan's elementwise work by formula)
     scaling_exponent(xs, ys)              the log-log slope between the last two points
-    decode_seconds_per_token(model, S)    wall time of one cached decoding step after S tokens
-    decode_time_ratio(model, baseline, S) the same for two models, measured side by side: a ratio
     seed_range, beats, trained, judge_gap reading several seeds: a gap no seed closes, between
                                           models that learned the task
     learned_runs, judge_state_sweep       the same over the runs that learned, for a state sweep
-    run(setting)                          every measurement above, once per seed, as a JSON-able dict
-                                          (and recall by Mamba at each of setting.state_sizes)
-    state_sweep(setting)                  recall alone, trained on every pair count it is asked: the GPT
-                                          against the Mamba at each of setting.state_sizes
-    python -m lib.compare                 both records lesson 08 reads (about 85 minutes on 2 cores):
-                                          --setting full, the run, to benchmarks/compare_full.json;
-                                          --setting state, the state sweep, to compare_state.json
+
+Running it all, once per seed, and timing the decoding steps is `lib.bench.compare`
+(`python -m lib.bench.compare` writes the two records lesson 08 reads).
 
 The models (d_model C = 64 unless a setting says otherwise):
     GPT      2 attention blocks (4 heads, RoPE), each with its MLP (4C)
@@ -37,15 +31,9 @@ The models (d_model C = 64 unless a setting says otherwise):
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import statistics
-import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -53,18 +41,18 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lib._checks import require_int, require_real
 from lib.gpt import GPT, CausalSelfAttention, GPTConfig
-from lib.hybrid import HybridGPT, decode_state_bytes
+from lib.hybrid import HybridGPT
 from lib.moe import MoE, moe_gpt
-from lib.precision import default_dtype
 from lib.mamba import MambaConfig, MambaLM, SelectiveSSM
 from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
 
-__all__ = ["ARCHITECTURES", "COPY_RECIPES", "RECALL_RECIPES", "SETTINGS", "MixedTask", "Recipe", "Setting", "accuracy_grid", "active_parameters", "beats", "build_model", "build_models",
-           "copy_task", "decode_seconds_per_token", "decode_time_ratio", "expert_scaling", "forward_flops", "judge_gap", "judge_state_sweep", "learned_runs", "load_results", "parameter_table",
-           "recall_task", "run", "scaling_exponent", "seed_range", "state_label", "state_sweep", "train_all", "trained"]
+__all__ = ["ARCHITECTURES", "COPY_RECIPES", "RECALL_RECIPES", "SETTINGS", "SWEEPS", "MixedTask", "Recipe", "Setting",
+           "accuracy_grid", "active_parameters", "beats", "build_model", "build_models", "copy_task", "expert_scaling",
+           "forward_flops", "get_setting", "judge_gap", "judge_state_sweep", "learned_runs", "parameter_table",
+           "recall_task", "scaling_exponent", "seed_range", "train_all", "trained"]
 
 ARCHITECTURES = ("GPT", "Mamba", "MoE GPT", "Hybrid")
-DECODE_TOKENS = 16  # tokens generated per timing of a decoding step
+DECODE_TOKENS = 16  # tokens generated per timing of a decoding step (lib.bench.compare)
 
 
 @dataclass(frozen=True)
@@ -169,23 +157,24 @@ SETTINGS = {
     # sequences (too few for recall to leave its plateau; the record shows what follows), small grids,
     # float64 (the same trained models on every CPU).
     "default": Setting("default", recall=_cut(RECALL_RECIPES, 400), copy=_cut(COPY_RECIPES, 300), eval_batches=2),
-    # The record (python -m lib.compare): the full recipes, three seeds, longer copies, and recall by a Mamba
-    # whose state holds one number per channel (d_state 1); float32 (one machine's run, written down with its
-    # machine). About 50 minutes on 2 cores.
+    # The record (python -m lib.bench.compare): the full recipes, three seeds, longer copies, and recall by a
+    # Mamba whose state holds one number per channel (d_state 1); float32 (one machine's run, written down with
+    # its machine). About 50 minutes on 2 cores.
     "full": Setting("full", copy_train_blanks=(8, 16, 24, 32), copy_eval_blanks=(8, 16, 32, 64, 128, 256),
                     eval_batches=8, decode_contexts=(64, 512, 2048, 8192), seeds=(0, 1, 2), dtype="float32",
                     state_sizes=(1,)),
-    # The state sweep (python -m lib.compare --setting state, see state_sweep): recall alone, trained on
-    # every pair count up to the largest it is asked (so no model meets a length it never trained on), the
-    # GPT against the Mamba at three state sizes; three seeds, float32. About 35 minutes on 2 cores.
+    # The state sweep (python -m lib.bench.compare --setting state, lib.bench.compare.state_sweep): recall
+    # alone, trained on every pair count up to the largest it is asked (so no model meets a length it never
+    # trained on), the GPT against the Mamba at three state sizes; three seeds, float32. About 35 minutes on
+    # 2 cores.
     "state": Setting("state", recall_train_pairs=(4, 8, 16), recall_eval_pairs=(1, 2, 4, 8, 16), eval_batches=8,
                      seeds=(0, 1, 2), dtype="float32", state_sizes=(16, 4, 1)),
 }
-SWEEPS = ("state",)  # the settings that `main` runs with state_sweep instead of run
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"  # where `main` writes the records
+SWEEPS = ("state",)  # the settings that lib.bench.compare runs with state_sweep instead of run
 
 
-def _check_setting(setting) -> Setting:
+def get_setting(setting) -> Setting:
+    """A Setting, given one or its name in SETTINGS."""
     if isinstance(setting, str):
         if setting not in SETTINGS:
             raise ValueError(f"setting must be a Setting or one of {sorted(SETTINGS)}, got {setting!r}")
@@ -236,7 +225,7 @@ def build_models(setting: Setting | str, vocab_size: int, *, seed: int | None = 
 def build_model(setting: Setting | str, name: str, vocab_size: int, *, seed: int | None = None) -> torch.nn.Module:
     """One of the four (`name` in ARCHITECTURES), the same weights as `build_models(...)[name]`:
     initialised from torch.manual_seed(seed + its index in ARCHITECTURES)."""
-    s = _check_setting(setting)
+    s = get_setting(setting)
     if name not in ARCHITECTURES:
         raise ValueError(f"name must be one of {ARCHITECTURES}, got {name!r}")
     require_int("vocab_size", vocab_size, minimum=1)
@@ -435,72 +424,10 @@ def scaling_exponent(xs, ys) -> float:
     return math.log(y1 / y0) / math.log(x1 / x0)
 
 
-@torch.no_grad()
-def decode_seconds_per_token(model: torch.nn.Module, context: int, *, new_tokens: int = DECODE_TOKENS,
-                             repeats: int = 3) -> float:
-    """Median wall time of one decoding step (batch 1, after a prefill of `context` tokens),
-    with the model's own cache: KV caches for attention layers, the recurrent state for Mamba.
-    One untimed run first, so that first-call costs (allocation, dispatch caches) stay out."""
-    require_int("context", context, minimum=1)
-    require_int("new_tokens", new_tokens, minimum=1)
-    require_int("repeats", repeats, minimum=1)
-    prompt = _decode_prompt(model, context)
-    _decode_seconds(model, prompt, new_tokens)  # warm-up
-    return statistics.median(_decode_seconds(model, prompt, new_tokens) for _ in range(repeats))
-
-
-def decode_time_ratio(model: torch.nn.Module, baseline: torch.nn.Module, context: int, *,
-                      new_tokens: int = DECODE_TOKENS, rounds: int = 9) -> float:
-    """How many times longer a decoding step of `model` takes than one of `baseline` (batch 1, after
-    `context` tokens), measured side by side: each round times both, in alternating order, and the
-    result is the median over rounds of the two times' ratio, so a change in the machine's load
-    during the run touches both alike. Both are warmed up first."""
-    require_int("context", context, minimum=1)
-    require_int("new_tokens", new_tokens, minimum=1)
-    require_int("rounds", rounds, minimum=1)
-    prompts = [_decode_prompt(m, context) for m in (model, baseline)]
-    for m, prompt in zip((model, baseline), prompts):
-        _decode_seconds(m, prompt, new_tokens)  # warm-up
-    ratios = []
-    for r in range(rounds):
-        order = (0, 1) if r % 2 == 0 else (1, 0)
-        t = {i: _decode_seconds((model, baseline)[i], prompts[i], new_tokens) for i in order}
-        ratios.append(t[0] / t[1])
-    return statistics.median(ratios)
-
-
-def _decode_prompt(model: torch.nn.Module, context: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(_vocab_size(model), (1, context), generator=g)
-
-
-def _decode_seconds(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int) -> float:
-    """Seconds per step of `new_tokens` greedy decoding steps after a prefill of `prompt` (not timed)."""
-    context = prompt.shape[1]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            if isinstance(model, MambaLM):
-                logits, state = model.prefill(prompt)
-                start = time.perf_counter()
-                for _ in range(new_tokens):
-                    logits, state = model.step(logits[:, -1].argmax(-1) if logits.dim() == 3 else logits.argmax(-1), state)
-            else:
-                caches = model.new_caches(1, context + new_tokens)
-                logits = model(prompt, caches=caches)
-                start = time.perf_counter()
-                for t in range(new_tokens):
-                    logits = model(logits[:, -1:].argmax(-1), caches=caches, start=context + t)
-            return (time.perf_counter() - start) / new_tokens
-    finally:
-        model.train(was_training)
-
-
 def expert_scaling(setting: Setting | str, vocab_size: int, T: int = 256) -> list[dict]:
     """The MoE GPT at each E in setting.expert_counts (top-2, experts of width 2C): total
     parameters grow with E, the FLOPs of a forward over T tokens do not."""
-    s = _check_setting(setting)
+    s = get_setting(setting)
     C = s.d_model
     config = GPTConfig(vocab_size=vocab_size, block_size=max(T, 8), n_layer=2, n_head=4, n_embd=C, positions="rope")
     rows = []
@@ -512,168 +439,5 @@ def expert_scaling(setting: Setting | str, vocab_size: int, T: int = 256) -> lis
     return rows
 
 
-# --------------------------------------------------------------------------- the whole run
-LOSS_EVERY = 50  # a run's loss curves are kept as means over this many steps
-
-
-def run(setting: Setting | str = "default", *, jobs: int = 1, timing: bool = True) -> dict:
-    """Train the four models on both tasks once per seed of the setting, and measure everything
-    lesson 08 reports. JSON-able: accuracies as {model: {P or T: [one per seed]}}, loss curves as
-    means over LOSS_EVERY steps, one list per seed. `jobs` > 1 trains the models in that many
-    processes (one thread each). Models are built and trained in setting.dtype; memory is reported for float32,
-    as the models would be deployed; FLOPs, bytes and times are measured on fresh (untrained) models
-    of the first seed."""
-    s = _check_setting(setting)
-    require_int("jobs", jobs, minimum=1)
-    units = [(s, seed, task, name, s.d_state) for seed in s.seeds for task in ("recall", "copy") for name in ARCHITECTURES]
-    units += [(s, seed, "recall", "Mamba", n) for seed in s.seeds for n in s.state_sizes if n != s.d_state]
-    cost = {task: {name: r.steps * r.batch_size for name, r in recipes.items()} for task, recipes in
-            (("recall", s.recall), ("copy", s.copy))}
-    units.sort(key=lambda u: -cost[u[2]][u[3]])  # the longest first, so that the processes finish together
-    results = _train_units(units, jobs)
-    done = {unit[1:]: r for unit, r in zip(units, results)}
-    main_ = {(seed, task, name): done[seed, task, name, s.d_state] for seed, task, name, _ in done}
-    out: dict = dict(setting=asdict(s), architectures=list(ARCHITECTURES), seeds=list(s.seeds), loss_every=LOSS_EVERY)
-    for task in ("recall", "copy"):
-        keys = list(main_[s.seed, task, "GPT"]["accuracy"])
-        out[f"{task}_accuracy"] = {name: {k: [main_[seed, task, name]["accuracy"][k] for seed in s.seeds] for k in keys}
-                                   for name in ARCHITECTURES}
-        out[f"{task}_loss"] = {name: [main_[seed, task, name]["loss"] for seed in s.seeds] for name in ARCHITECTURES}
-    if s.state_sizes:  # Mamba with each state size on recall (the main Mamba's d_state among them)
-        sizes = sorted(set(s.state_sizes) | {s.d_state})
-        keys = list(out["recall_accuracy"]["Mamba"])
-        out["state_accuracy"] = {str(n): {k: [done[seed, "recall", "Mamba", n]["accuracy"][k] for seed in s.seeds]
-                                          for k in keys} for n in sizes}
-        out["state_loss"] = {str(n): [done[seed, "recall", "Mamba", n]["loss"] for seed in s.seeds] for n in sizes}
-    out.update(_costs(s, timing=timing))
-    return out
-
-
-def state_label(d_state: int) -> str:
-    """The name a Mamba with state size `d_state` goes by in a state sweep: "Mamba (d_state 4)"."""
-    return f"Mamba (d_state {require_int('d_state', d_state, minimum=1)})"
-
-
-def state_sweep(setting: Setting | str = "state", *, jobs: int = 1) -> dict:
-    """Recall alone: the GPT, and the Mamba at each of setting.state_sizes, once per seed, each
-    trained on setting.recall_train_pairs with its recipe and asked setting.recall_eval_pairs.
-    JSON-able: {"recall_accuracy": {label: {P: [one per seed]}}, "recall_loss": {label: [per seed]}},
-    labels "GPT" and state_label(n); the same numbers as the recall runs of `run` with that setting."""
-    s = _check_setting(setting)
-    require_int("jobs", jobs, minimum=1)
-    if not s.state_sizes:
-        raise ValueError("setting.state_sizes must name at least one Mamba state size for a state sweep")
-    members = [("GPT", s.d_state, "GPT")] + [("Mamba", n, state_label(n)) for n in dict.fromkeys(s.state_sizes)]
-    units = [(s, seed, "recall", name, n) for name, n, _ in members for seed in s.seeds]
-    results = {unit[1:]: r for unit, r in zip(units, _train_units(units, jobs))}
-    out: dict = dict(setting=asdict(s), seeds=list(s.seeds), loss_every=LOSS_EVERY, recall_accuracy={}, recall_loss={})
-    for name, n, label in members:
-        runs = [results[seed, "recall", name, n] for seed in s.seeds]
-        out["recall_accuracy"][label] = {k: [r["accuracy"][k] for r in runs] for k in runs[0]["accuracy"]}
-        out["recall_loss"][label] = [r["loss"] for r in runs]
-    return out
-
-
-def _train_units(units: list, jobs: int) -> list[dict]:
-    """_train_one(*unit) for each unit, in `jobs` processes of one thread each if jobs > 1."""
-    if jobs == 1:
-        return [_train_one(*unit) for unit in units]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=torch.set_num_threads, initargs=(1,)) as pool:
-        return list(pool.map(_train_one, *zip(*units)))
-
-
-def _train_one(s: Setting, seed: int, task: str, name: str, d_state: int | None = None) -> dict:
-    """One model's training and accuracy on one task for one seed: {"accuracy": {P or T: a}, "loss": thinned}.
-    The same as training the four together: each model's weights and batches depend on the seed alone.
-    `d_state` (default the setting's) sets the state size of the Mamba layers."""
-    if d_state is not None:
-        s = replace(s, d_state=d_state)
-    with default_dtype(getattr(torch, s.dtype)):
-        if task == "recall":
-            mix = MixedTask([recall_task(s, p) for p in s.recall_train_pairs])
-            evals = {str(p): recall_task(s, p) for p in s.recall_eval_pairs}
-        else:
-            mix = MixedTask([copy_task(s, b) for b in s.copy_train_blanks])
-            evals = {str(copy_task(s, b).seq_len): copy_task(s, b) for b in s.copy_eval_blanks}
-        model = build_model(s, name, mix.vocab_size, seed=seed)
-        loss = train_all({name: model}, mix, s.recall if task == "recall" else s.copy, seed=seed)[name]
-        accuracy = accuracy_grid({name: model}, evals, batches=s.eval_batches)[name]
-    return dict(accuracy=accuracy, loss=_thin(loss))
-
-
-def _thin(losses: list[float]) -> list[float]:
-    """Means over consecutive LOSS_EVERY steps (the last group may be shorter), to 4 digits."""
-    return [round(sum(c) / len(c), 4) for c in (losses[i:i + LOSS_EVERY] for i in range(0, len(losses), LOSS_EVERY))]
-
-
-def _costs(s: Setting, *, timing: bool) -> dict:
-    """FLOPs, decoding-state bytes, expert scaling and (if timing) seconds per decoded token."""
-    vocab = MixedTask([recall_task(s, p) for p in s.recall_train_pairs]).vocab_size
-    with default_dtype(torch.float64):
-        models = build_models(s, vocab)
-        out = dict(parameters=parameter_table(models),
-                   flops={name: [forward_flops(m, T) for T in s.flop_lengths] for name, m in models.items()},
-                   state_bytes={name: [decode_state_bytes(m, 1, S, dtype=torch.float32) for S in s.memory_contexts]
-                                for name, m in models.items()},
-                   experts=expert_scaling(s, vocab))
-    if timing:
-        models = build_models(s, vocab)
-        out["seconds_per_token"] = {name: [decode_seconds_per_token(m, S) for S in s.decode_contexts]
-                                    for name, m in models.items()}
-    return out
-
-
-def load_results(setting: str = "full", root: Path | None = None) -> dict | None:
-    """The committed results of `python -m lib.compare --setting <setting>`, or None if absent."""
-    _check_setting(setting)
-    root = root or Path(__file__).resolve().parent.parent
-    path = root / "benchmarks" / f"compare_{setting}.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _machine(jobs: int) -> dict:
-    from lib.bench import cpu_name, load_average, machine_record
-    return machine_record(cpu_name(), 1, load_average(), f"load_average_1min_at_end ({jobs} processes of 1 thread)")
-
-
-def main(argv=None) -> list[Path]:
-    parser = argparse.ArgumentParser(description="Lesson 08's records: each setting's run, written to "
-                                                 "benchmarks/compare_<setting>.json (by default both records)")
-    parser.add_argument("--setting", nargs="+", default=["full", "state"], choices=sorted(SETTINGS),
-                        help="the settings to run, in order (state: the state sweep)")
-    parser.add_argument("--jobs", type=int, default=2, help="models trained at once, one process and thread each")
-    parser.add_argument("--no-timing", action="store_true", help="skip the decoding-time measurement (machine-dependent)")
-    parser.add_argument("--out", type=Path, default=None, help="where to write the record (one setting only)")
-    args = parser.parse_args(argv)
-    if args.out is not None and len(args.setting) != 1:
-        parser.error("--out takes one setting")
-    torch.set_num_threads(1)
-    return [_write_record(name, args.jobs, not args.no_timing, args.out) for name in args.setting]
-
-
-def _write_record(name: str, jobs: int, timing: bool, out: Path | None) -> Path:
-    start = time.perf_counter()
-    if name in SWEEPS:
-        result = state_sweep(name, jobs=jobs)
-        result["command"] = f"python -m lib.compare --setting {name} --jobs {jobs}"
-    else:
-        result = run(name, jobs=jobs, timing=timing)
-        result["command"] = f"python -m lib.compare --setting {name} --jobs {jobs}" + ("" if timing else " --no-timing")
-    result["generated_by"] = "python -m lib.compare"
-    result["machine"] = _machine(jobs)
-    result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    result["note"] = ("generated file: rerun the command to update it, do not edit by hand. float32 training "
-                      "in separate processes: the same machine gives the same numbers; another CPU's rounding can "
-                      "change a seed's path (a later or earlier end of recall's first phase)")
-    result["wall_seconds"] = round(time.perf_counter() - start, 1)
-    out = out or BENCHMARKS / f"compare_{name}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out} in {result['wall_seconds']} s")
-    return out
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the records made before lib.bench.compare existed name this command
+    raise SystemExit("lesson 08's records are written by: python -m lib.bench.compare (the same options)")

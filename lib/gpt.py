@@ -21,8 +21,9 @@ Attention comes two ways, equal in output (lesson 03 asserts it):
     any lib.attention backend    ("auto" = SDPA with is_causal=True, "naive", "chunked", ...)
 
 Also here: `clm_loss` (the next-token loss with its one-position shift), `get_batch`,
-`train_gpt`, `evaluate_loss`, and `generate` (greedy, temperature, top-k, top-p; with or without
-the KV cache of lib.kv_cache). Hugging Face stores GPT-2's projections as `Conv1D`, whose weight
+`train_gpt` and `evaluate_loss`. A GPT is a `lib.decode.Decoder`: `new_caches` gives each layer
+a KV cache (lib.kv_cache) and `forward` takes them, so `lib.decode.generate` samples from it
+(greedy, temperature, top-k, top-p). Hugging Face stores GPT-2's projections as `Conv1D`, whose weight
 is the transpose of `nn.Linear`'s; `load_checkpoint` transposes them.
 
 Glossary: B batch, T tokens, C model width (n_embd), H heads, D = C / H head dim, L layers,
@@ -39,18 +40,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import (inputs_checked, require_int, require_rank, require_targets, require_tensor, require_token_ids,
-                         scan_values)
+from lib._checks import (require_attention_mask, require_int, require_rank, require_targets, require_tensor,
+                         require_token_ids)
 from lib.attention import BACKENDS, attention, safe_softmax
-from lib.kv_cache import KVCache
+from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
 from lib.masks import padding_mask
 from lib.rope import apply_rope, rope_cos_sin
-from lib.sampling import check_sampling_knobs, sample_next_token
 from lib.train import train, warmup_cosine
 from lib.training_cache import replayable
 
 __all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "evaluate_loss", "forward_flops",
-           "generate", "get_batch", "train_gpt"]
+           "get_batch", "train_gpt"]
 
 POSITIONS = ("learned", "rope")
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF name -> F.gelu approximate
@@ -103,7 +103,7 @@ class GPTConfig:
 
     @classmethod
     def decode_bench(cls, **changes) -> "GPTConfig":
-        """The small decoder lesson 04 and tools/bench_kv_cache.py time: 4 layers, width 256,
+        """The small decoder lesson 04 and `python -m lib.bench.kv_cache` time: 4 layers, width 256,
         a 512-position context (room for a prompt and 256 new tokens)."""
         base = dict(vocab_size=64, block_size=512, n_layer=4, n_head=4, n_embd=256)
         base.update(changes)
@@ -144,6 +144,17 @@ class CausalSelfAttention(nn.Module):
             # non-persistent so it stays out of the state dict (GPT-2 checkpoints differ on it).
             tril = torch.tril(torch.ones(config.block_size, config.block_size))
             self.register_buffer("bias", tril.view(1, 1, config.block_size, config.block_size), persistent=False)
+
+    def new_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype, device) -> KVCache:
+        """An empty KV cache for this layer: keys and values for max_len positions."""
+        if not self.causal:
+            raise ValueError("caches need a causal model: without the mask, earlier positions' keys would change "
+                             "with every new token, so cached ones are stale (generate: pass use_cache=False)")
+        return KVCache(batch_size, self.n_head, max_len, self.head_dim, dtype=dtype, device=device)
+
+    def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str) -> int:
+        """Bytes of this layer's KV cache after seq_len tokens: 2 · B · S · H · D · bytes."""
+        return kv_cache_bytes(1, batch, seq_len, self.n_head, self.head_dim, dtype_bytes(dtype))
 
     def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -251,15 +262,33 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def new_caches(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
-        """One empty KV cache per layer, on the model's device and dtype."""
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def block_size(self) -> int:
+        """The context limit: positions 0..block_size − 1."""
+        return self.config.block_size
+
+    def new_caches(self, batch_size: int, max_len: int | None = None) -> list:
+        """One empty cache per layer, made by the layer's attention part (a KVCache with room for
+        max_len positions, default block_size; a Mamba mixer's fixed-size state), on the model's
+        device and dtype. What `forward(idx, caches=..., start=...)` reads and extends."""
         max_len = self.config.block_size if max_len is None else max_len
+        require_int("batch_size", batch_size, minimum=1)
         require_int("max_len", max_len, minimum=1)
         if max_len > self.config.block_size:
             raise ValueError(f"max_len must be <= block_size={self.config.block_size}, got {max_len}")
         w = self.transformer.wte.weight
-        return [KVCache(batch_size, self.config.n_head, max_len, self.config.head_dim, dtype=w.dtype, device=w.device)
-                for _ in range(self.config.n_layer)]
+        return [block.attn.new_cache(batch_size, max_len, dtype=w.dtype, device=w.device) for block in self.transformer.h]
+
+    def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int:
+        """Bytes of those caches after seq_len tokens, each layer counting its own (a KV cache
+        2 · B · S · H · D · bytes, lib.kv_cache.kv_cache_bytes); by default in the model's dtype,
+        what `new_caches` allocates."""
+        dtype = self.transformer.wte.weight.dtype if dtype is None else dtype
+        return sum(block.attn.cache_bytes(batch, seq_len, dtype) for block in self.transformer.h)
 
     def _check_idx(self, idx, start: int) -> None:
         require_token_ids("idx", idx, vocab_size=self.config.vocab_size, max_len=self.config.block_size,
@@ -292,7 +321,7 @@ class GPT(nn.Module):
         mask = None
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
         if attention_mask is not None:
-            keep = _check_attention_mask(attention_mask, (B, start + T), idx.device)
+            keep = require_attention_mask(attention_mask, (B, start + T), idx.device)
             mask = padding_mask(keep, dtype=self.transformer.wte.weight.dtype)  # (B, 1, 1, S)
             # each row's position = how many real tokens precede it (0 on and before its first token)
             pos = (keep.long().cumsum(dim=1) - 1).clamp(min=0)[:, start:start + T]  # (B, T)
@@ -360,29 +389,6 @@ class GPT(nn.Module):
         gpt = cls(config)
         gpt.load_checkpoint({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()})
         return gpt.to(device=weight.device, dtype=weight.dtype).eval()
-
-
-def _check_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor:
-    """A (B, S) mask of 1/0 (or True/False), left-padded; returns it as bool."""
-    require_tensor("attention_mask", attention_mask)
-    if tuple(attention_mask.shape) != shape:
-        raise ValueError(f"attention_mask must have shape (B, start + T) = {shape}, covering cached positions "
-                         f"too, got {tuple(attention_mask.shape)}")
-    if attention_mask.device != device:
-        raise ValueError(f"attention_mask must be on idx's device {device}, got {attention_mask.device}")
-    if attention_mask.is_floating_point():
-        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
-    keep = attention_mask.bool()
-    if not scan_values():
-        return keep
-    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
-    if bool((keep[:, :-1] & ~keep[:, 1:]).any()):
-        raise ValueError("attention_mask must be left-padded: in each row every 0 comes before every 1 "
-                         "(right padding would put new tokens after the padding)")
-    if not bool(keep[:, -1].all()):
-        raise ValueError("attention_mask: every row needs at least one real token, at the last position")
-    return keep
 
 
 # --------------------------------------------------------------------------- the loss
@@ -472,73 +478,3 @@ def forward_flops(config: GPTConfig, new_tokens: int, total_tokens: int | None =
     require_int("total_tokens", S, minimum=new_tokens)
     C, L, V = config.n_embd, config.n_layer, config.vocab_size
     return new_tokens * (L * (24 * C * C + 4 * S * C) + 2 * C * V)
-
-
-# --------------------------------------------------------------------------- generation
-@torch.no_grad()
-def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
-             generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
-             on_token: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
-    """Extend idx (B, T) by `max_new_tokens` sampled tokens -> (B, T + max_new_tokens).
-
-    temperature 0 is greedy (argmax). With `use_cache`, the prompt is run once (prefill) and each
-    new token alone (decode) against the layers' KV caches, built fresh for this call; without
-    it, the whole sequence is run again for every token. Both compute the same logits; the cache
-    does less work. Sampling draws from `generator` only, so a seeded generator reproduces the
-    tokens. Prompts of different lengths go in one batch left-padded, with `attention_mask`
-    (B, T) of 1/0: each row then continues exactly as its prompt would alone. `on_token(step,
-    tokens)` is called as each new (B,) column of tokens is chosen (a progress bar, a timer).
-    """
-    mask = _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator,
-                           attention_mask, on_token)
-    B, T = idx.shape
-    was_training = model.training
-    model.eval()
-    out = [idx]
-    caches = model.new_caches(B, T + max_new_tokens) if use_cache else None
-    logits = model(idx, caches=caches, attention_mask=mask)[:, -1]  # (B, V): prefill; the last position predicts
-    with inputs_checked():  # checked at the door: no value scans (no GPU host syncs) per token
-        for step in range(max_new_tokens):
-            nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                    generator=generator)  # (B,)
-            out.append(nxt[:, None].to(idx.dtype))
-            if on_token is not None:
-                on_token(step, nxt)
-            if step == max_new_tokens - 1:
-                break
-            if mask is not None:
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, S + 1): the new token is real
-            if use_cache:
-                logits = model(out[-1], caches=caches, start=T + step, attention_mask=mask)[:, -1]  # decode: 1 token
-            else:
-                logits = model(torch.cat(out, dim=1), attention_mask=mask)[:, -1]  # recompute the whole prefix
-    model.train(was_training)
-    return torch.cat(out, dim=1)
-
-
-def _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, attention_mask,
-                    on_token) -> torch.Tensor | None:
-    """generate's arguments, checked once at its door; returns the attention mask as 0/1 int64 (or None)."""
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be a lib.gpt.GPT, got {type(model).__name__}")
-    require_int("max_new_tokens", max_new_tokens, minimum=0)
-    check_sampling_knobs(temperature, top_k, top_p)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    model._check_idx(idx, 0)
-    if generator is not None and generator.device.type != idx.device.type:
-        raise ValueError(f"generator must be on idx's device ({idx.device}), got a {generator.device} generator")
-    if use_cache and not model.config.causal:
-        raise ValueError("use_cache=True needs a causal model: without the mask, earlier positions' keys would "
-                         "change with every new token, so cached ones are stale (pass use_cache=False)")
-    B, T = idx.shape
-    if T + max_new_tokens > model.config.block_size:
-        raise ValueError(f"idx has T={T} tokens; with max_new_tokens={max_new_tokens} that passes the context "
-                         f"block_size={model.config.block_size}")
-    if on_token is not None and not callable(on_token):
-        raise TypeError(f"on_token must be callable (step, tokens) -> None, got {type(on_token).__name__}")
-    if attention_mask is None:
-        return None
-    _check_attention_mask(attention_mask, (B, T), idx.device)
-    return attention_mask.long()

@@ -9,8 +9,8 @@ cache as a small preallocated buffer per layer, the layout gpt-fast uses
     KVCache(B, H_kv, S_max, D)   k and v buffers (B, H_kv, S_max, D), filled left to right
     cache.update(pos, k, v)      write the new positions' k, v; return every k, v written so far
 
-Prefill writes the prompt's T positions at once; each decode step writes one. `lib.gpt.generate
-(use_cache=True)` builds one cache per layer and resets them per call.
+Prefill writes the prompt's T positions at once; each decode step writes one. `lib.decode.generate
+(use_cache=True)` builds one cache per layer (the model's `new_caches`) for each call.
 
 How much memory the cache takes (lesson 04). Every layer keeps one key and one value vector per
 KV head, per cached position, per sequence:

@@ -10,8 +10,10 @@ Follows Mamba (Gu & Dao 2023, arXiv 2312.00752): §3.2 and Algorithm 2 for the s
     MambaMixer     in_proj to x and the gate z, causal conv + SiLU, SelectiveSSM, gate, out_proj
     MambaBlock     x + mixer(norm(x))
     MambaLM        embedding -> n_layers × MambaBlock -> norm -> tied head, with `forward(idx,
-                   targets)` like `lib.gpt.GPT` (so `lib.gpt.train_gpt` trains it), `prefill` / `step`
-                   for recurrent decoding with a constant-size `MambaState`, and `generate`
+                   targets)` like `lib.gpt.GPT` (so `lib.gpt.train_gpt` trains it); a
+                   `lib.decode.Decoder`: `new_caches` gives each layer a `MixerCache` (the conv's
+                   last K − 1 inputs and the SSM state, one size at every position), `forward`
+                   takes them, and `lib.decode.generate` samples from it
     trace_states   every state h_t of one layer, for drawing; `state_bytes` the state's size (compare
                    `lib.kv_cache.kv_cache_bytes`, which grows with the context)
 
@@ -29,20 +31,19 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import inputs_checked, require_int, require_rank, require_targets, require_tensor, require_token_ids
+from lib._checks import require_int, require_targets, require_token_ids
 from lib.conv import causal_conv1d
 from lib.kv_cache import dtype_bytes
 from lib.norms import RMSNorm
-from lib.sampling import check_sampling_knobs, sample_next_token
 from lib.scan import SCANS, recurrence
 
-__all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MambaState", "MixerCache", "SelectiveSSM", "generate",
+__all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MixerCache", "SelectiveSSM", "refuse_padding",
            "state_bytes", "trace_states"]
 
 
@@ -176,24 +177,6 @@ class SelectiveSSM(nn.Module):
         return y, h
 
 
-@dataclass
-class MambaState:
-    """What a MambaLM carries from one position to the next, per layer: `conv[i]` the conv's last
-    K − 1 inputs (B, d_inner, K − 1) and `ssm[i]` the SSM state (B, d_inner, N). Its size does not
-    depend on how many positions have been read (a KV cache grows by one entry per position)."""
-
-    conv: list[torch.Tensor] = field(default_factory=list)
-    ssm: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def batch_size(self) -> int:
-        return self.ssm[0].shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.conv, *self.ssm))
-
-
 def _make_norm(config: MambaConfig) -> nn.Module:
     if config.norm == "rms":
         return RMSNorm(config.d_model, eps=config.norm_eps)  # nn.RMSNorm, by a fused loop on a CPU
@@ -221,6 +204,17 @@ class MambaMixer(nn.Module):
         self.conv1d = nn.Conv1d(E, E, kernel_size=K, groups=E, padding=K - 1, bias=config.conv_bias)
         self.ssm = SelectiveSSM(config)
         self.out_proj = nn.Linear(E, C, bias=config.bias)
+        self.config = config
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype, device) -> "MixerCache":
+        """An empty (zero) state for this mixer. `max_len` is accepted for the decoder protocol and
+        ignored: the state does not grow."""
+        c = self.config
+        return MixerCache(batch_size, c.d_inner, c.d_conv, c.d_state, dtype=dtype, device=device)
+
+    def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str) -> int:
+        """Bytes of this mixer's state, the same after any number of tokens: B · E · (K − 1 + N) · bytes."""
+        return state_bytes(replace(self.config, n_layers=1), batch, dtype)
 
     def forward(self, x: torch.Tensor, *, cache=None, start: int = 0, rope=None, mask=None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C): from a zero state, or, with `cache` a `MixerCache` (as
@@ -295,7 +289,11 @@ class MixerCache:
                              f"cannot skip or rewind positions, got {start}")
         if x.shape[0] != self.batch_size:
             raise ValueError(f"the cache was built for batch size {self.batch_size}, x has batch size {x.shape[0]}")
-        y, (conv, ssm) = mixer.forward_with_state(x, (self.conv, self.ssm))
+        if x.shape[1] == 1:  # one token (decoding): the recurrence, as mamba_ssm's `step`
+            y, (conv, ssm) = mixer.step(x[:, 0], (self.conv, self.ssm))
+            y = y.unsqueeze(1)  # (B, 1, C)
+        else:  # a prompt: the scan, from the held state
+            y, (conv, ssm) = mixer.forward_with_state(x, (self.conv, self.ssm))
         self.conv, self.ssm = conv.to(self.conv.dtype), ssm.to(self.ssm.dtype)
         self.length += x.shape[1]
         return y
@@ -306,23 +304,16 @@ class MixerCache:
 
 
 class MambaBlock(nn.Module):
-    """A pre-norm residual block, as Mamba's `Block`: x + mixer(norm(x)). (B, T, C) -> (B, T, C)."""
+    """A pre-norm residual block, as Mamba's `Block`: x + mixer(norm(x)). (B, T, C) -> (B, T, C);
+    with `cache` (a MixerCache) the mixer continues from the state it holds and advances it."""
 
     def __init__(self, config: MambaConfig):
         super().__init__()
         self.norm = _make_norm(config)
         self.mixer = MambaMixer(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mixer(self.norm(x))
-
-    def forward_with_state(self, x: torch.Tensor, state=None):
-        y, state = self.mixer.forward_with_state(self.norm(x), state)
-        return x + y, state
-
-    def step(self, x: torch.Tensor, state):
-        y, state = self.mixer.step(self.norm(x), state)
-        return x + y, state
+    def forward(self, x: torch.Tensor, *, cache: MixerCache | None = None, start: int = 0) -> torch.Tensor:
+        return x + self.mixer(self.norm(x), cache=cache, start=start)
 
 
 class MambaLM(nn.Module):
@@ -358,31 +349,52 @@ class MambaLM(nn.Module):
         """Distinct parameters (the tied head counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def _check_idx(self, name: str, idx) -> None:
-        require_token_ids(name, idx, vocab_size=self.config.vocab_size, max_len=sys.maxsize, context="(none)")
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def block_size(self) -> None:
+        """No context limit: the state has one size at every position."""
+        return None
+
+    def new_caches(self, batch_size: int, max_len: int | None = None) -> list[MixerCache]:
+        """One empty MixerCache per layer (zeros: the state before any token), on the model's device
+        and dtype. `max_len` is accepted for the decoder protocol and ignored: the state does not grow."""
+        require_int("batch_size", batch_size, minimum=1)
+        if max_len is not None:
+            require_int("max_len", max_len, minimum=1)
+        w = self.embedding.weight
+        return [layer.mixer.new_cache(batch_size, dtype=w.dtype, device=w.device) for layer in self.layers]
+
+    def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int:
+        """Bytes of the layers' states, the same after any number of tokens (`state_bytes`)."""
+        return state_bytes(self, batch, dtype)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                attention_mask: torch.Tensor | None = None, caches: list[MixerCache] | None = None,
+                start: int = 0):
+        """idx (B, T) token ids -> logits (B, T, V), or (logits, loss) with targets (B, T).
+
+        With `caches` (from `new_caches`), the tokens continue from the state the caches hold
+        (positions start..start+T−1) and the caches are advanced: a prompt goes through the scan,
+        a single token through one step of the recurrence. `attention_mask` may only be all ones:
+        a padding token would enter the state.
+        """
+        require_int("start", start, minimum=0)
+        require_token_ids("idx", idx, vocab_size=self.config.vocab_size, max_len=sys.maxsize, context="(none)")
         if idx.device != self.embedding.weight.device:
-            raise ValueError(f"{name} must be on the model's device {self.embedding.weight.device}, got {idx.device}")
-
-    def _check_state(self, state, batch: int) -> None:
-        if not isinstance(state, MambaState):
-            raise TypeError(f"state must be a MambaState (from new_state, prefill or step), got {type(state).__name__}")
-        L, E, K, N = self.config.n_layers, self.config.d_inner, self.config.d_conv, self.config.d_state
-        if len(state.conv) != L or len(state.ssm) != L:
-            raise ValueError(f"state must hold one conv and one ssm tensor per layer ({L}), "
-                             f"got {len(state.conv)} and {len(state.ssm)}")
-        for i in range(L):
-            for name, t, shape in (("conv", state.conv[i], (batch, E, K - 1)), ("ssm", state.ssm[i], (batch, E, N))):
-                if tuple(t.shape) != shape:
-                    raise ValueError(f"state.{name}[{i}] must have shape {shape} for a batch of {batch}, "
-                                     f"got {tuple(t.shape)}")
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """idx (B, T) token ids -> logits (B, T, V), or (logits, loss) with targets (B, T)."""
-        self._check_idx("idx", idx)
+            raise ValueError(f"idx must be on the model's device {self.embedding.weight.device}, got {idx.device}")
+        refuse_padding(attention_mask)
         B, T = idx.shape
+        if caches is not None:
+            if len(caches) != len(self.layers):
+                raise ValueError(f"caches must hold one MixerCache per layer ({len(self.layers)}), got {len(caches)}")
+        elif start:
+            raise ValueError("start > 0 needs caches: without them the state of the earlier positions is not there")
         x = self.embedding(idx)  # (B, T, C)
-        for layer in self.layers:
-            x = layer(x)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cache=None if caches is None else caches[i], start=start)
         logits = self.lm_head(self.norm_f(x))  # (B, T, V)
         if targets is None:
             return logits
@@ -390,42 +402,14 @@ class MambaLM(nn.Module):
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
         return logits, loss
 
-    def new_state(self, batch: int) -> MambaState:
-        """The state before any token: zeros, on the model's device and dtype."""
-        require_int("batch", batch, minimum=1)
-        w = self.embedding.weight
-        E, K, N = self.config.d_inner, self.config.d_conv, self.config.d_state
-        return MambaState(conv=[w.new_zeros(batch, E, K - 1) for _ in self.layers],
-                          ssm=[w.new_zeros(batch, E, N) for _ in self.layers])
 
-    def prefill(self, idx: torch.Tensor, state: MambaState | None = None) -> tuple[torch.Tensor, MambaState]:
-        """Read T tokens at once (the parallel scan), continuing from `state` (None: from zero).
-        idx (B, T) -> logits (B, T, V) and the state after the last token."""
-        self._check_idx("idx", idx)
-        if state is not None:
-            self._check_state(state, idx.shape[0])
-        x = self.embedding(idx)  # (B, T, C)
-        new = MambaState()
-        for i, layer in enumerate(self.layers):
-            x, (conv, ssm) = layer.forward_with_state(x, None if state is None else (state.conv[i], state.ssm[i]))
-            new.conv.append(conv)
-            new.ssm.append(ssm)
-        return self.lm_head(self.norm_f(x)), new
-
-    def step(self, idx_t: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
-        """Read one token per sequence with the recurrence: idx_t (B,) -> next-token logits (B, V)
-        and the next state (the same size as `state`; `state` itself is not modified)."""
-        require_tensor("idx_t", idx_t)
-        require_rank("idx_t", idx_t, 1, "(B,) one token id per sequence")
-        self._check_idx("idx_t", idx_t.unsqueeze(1))
-        self._check_state(state, idx_t.shape[0])
-        x = self.embedding(idx_t)  # (B, C)
-        new = MambaState()
-        for i, layer in enumerate(self.layers):
-            x, (conv, ssm) = layer.step(x, (state.conv[i], state.ssm[i]))
-            new.conv.append(conv)
-            new.ssm.append(ssm)
-        return self.lm_head(self.norm_f(x)), new  # (B, V)
+def refuse_padding(attention_mask) -> None:
+    """A model with Mamba layers takes no padding: `attention_mask` must be None or all ones."""
+    if attention_mask is None:
+        return
+    if not (isinstance(attention_mask, torch.Tensor) and bool((attention_mask == 1).all())):
+        raise ValueError("a model with Mamba layers takes no padding: attention_mask must be None or all ones "
+                         "(a padding token would enter the recurrent state); run rows separately")
 
 
 @torch.no_grad()
@@ -468,7 +452,7 @@ def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch
     n_layers × B × d_inner × ((K − 1) + N) × bytes per element.
 
     `dtype` a torch.dtype or a name of lib.kv_cache.DTYPE_BYTES ("fp16"); by default the model's
-    parameter dtype (what `new_state` allocates), float32 for a config. For mamba-130m's shape
+    parameter dtype (what `new_caches` allocates), float32 for a config. For mamba-130m's shape
     (24 layers, d_inner 1536, N 16, K 4) in fp16 that is 1.4 MB per sequence, whatever the length;
     compare `lib.kv_cache.kv_cache_bytes`, which grows by a fixed amount per position.
     """
@@ -484,36 +468,3 @@ def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch
     bpe = dtype_bytes(dtype)
     n_elems = config.n_layers * batch * config.d_inner * (config.d_conv - 1 + config.d_state)
     return math.ceil(n_elems * bpe)
-
-
-@torch.no_grad()
-def generate(model: MambaLM, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-    """Extend idx (B, T) by `max_new_tokens` sampled tokens -> (B, T + max_new_tokens).
-
-    The prompt is read in parallel (`prefill`), then each new token with one recurrent `step`:
-    the state carried between steps has the same size at every position. temperature 0 is greedy;
-    top_k / top_p and the seeded `generator` as in `lib.sampling.sample_next_token`.
-    """
-    if not isinstance(model, MambaLM):
-        raise TypeError(f"model must be a lib.mamba.MambaLM, got {type(model).__name__}")
-    require_int("max_new_tokens", max_new_tokens, minimum=0)
-    check_sampling_knobs(temperature, top_k, top_p)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    was_training = model.training
-    model.eval()
-    logits, state = model.prefill(idx)
-    logits = logits[:, -1]  # (B, V): the last prompt position predicts the first new token
-    out = [idx]
-    with inputs_checked():  # checked at the door: no value scans (no GPU host syncs) per token
-        for step in range(max_new_tokens):
-            nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                    generator=generator)  # (B,)
-            out.append(nxt[:, None].to(idx.dtype))
-            if step < max_new_tokens - 1:
-                logits, state = model.step(nxt, state)  # (B, V)
-    model.train(was_training)
-    return torch.cat(out, dim=1)
-

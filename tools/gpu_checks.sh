@@ -43,7 +43,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log it, report 
 step attention "${LIMIT_ATTENTION:-170}" "$PY" -m lib.bench.attention --out "$OUT/attention_gpu.json"
 step tests "${LIMIT_TESTS:-200}" "$PY" -m pytest -q -rs tests/lib/test_kernels.py tests/lib/test_scan_kernel.py \
     --junitxml="$OUT/pytest_gpu.xml"
-step ssm "${LIMIT_SSM:-110}" "$PY" tools/bench_ssm.py --threads 1 --repeats 5 --sweep --out "$OUT/ssm_cuda.json"
-step moe "${LIMIT_MOE:-35}" "$PY" tools/bench_moe.py --threads 1 --repeats 5 --out "$OUT/moe_cuda.json"
-step kv_cache "${LIMIT_KV:-35}" "$PY" tools/bench_kv_cache.py --repeats 3 --out "$OUT/kv_cache_cuda.json"
+step ssm "${LIMIT_SSM:-110}" "$PY" -m lib.bench.ssm --threads 1 --repeats 5 --sweep --out "$OUT/ssm_cuda.json"
+step moe "${LIMIT_MOE:-35}" "$PY" -m lib.bench.moe --threads 1 --repeats 5 --out "$OUT/moe_cuda.json"
+step kv_cache "${LIMIT_KV:-35}" "$PY" -m lib.bench.kv_cache --repeats 3 --out "$OUT/kv_cache_cuda.json"
 date -u | tee -a "$LOG"

@@ -1,4 +1,20 @@
-"""Benchmark commands (`python -m lib.bench.attention`). Records, not tests: timings depend on the machine."""
+"""The course's benchmarks: every one is `python -m lib.bench.<name>` and writes a record,
+benchmarks/<name>_<device>.json, with the machine described beside its numbers (`machine_record`).
+Records, not tests: timings depend on the machine and on whatever else runs on it.
+
+    attention           naive vs SDPA vs our Triton flash kernel, by sequence length (lesson 05)
+    kv_cache            generation with and without the KV cache (lesson 04)
+    ssm                 the selective scans against the per-step reference (lesson 06)
+    selective_copying   lesson 06's two models over seeds, lengths and training lengths
+    moe                 the MoE layer's two dispatches (lesson 07)
+    moe_balance         the balance loss's six runs, 500 steps (lesson 07)
+    compare             lesson 08's four architectures, trained and measured seed by seed
+    training            tokens per second of a training step, for every model the course trains
+    memory              a peak-memory measure (a helper, not a command)
+
+Every timing goes through one timer, `lib.bench.timer` (torch.utils.benchmark.Timer on a CPU,
+triton.testing.do_bench on a CUDA GPU).
+"""
 
 import json
 import os
@@ -6,7 +22,8 @@ import platform
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["BENCHMARKS", "busy_machine", "cpu_name", "load_average", "load_record", "machine_record", "torch_threads"]
+__all__ = ["BENCHMARKS", "busy_machine", "cpu_name", "device_name", "load_average", "load_record", "machine_record",
+           "torch_threads"]
 
 # The committed benchmark records (generated JSON files; tools/gpu_checks.sh writes the GPU ones).
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -31,6 +48,14 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def device_name(device) -> str:
+    """What a record calls the device its work ran on: the GPU's name, or the CPU's."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def machine_record(device: str, torch_threads, load: list[float], load_key: str) -> dict:

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from lib.attention import attention
-from lib.bench import cpu_name
+from lib.bench import device_name, load_average, machine_record
+from lib.bench.timer import seconds
 
 GPU_SEQ = (512, 2048, 4096, 8192)
 CPU_SEQ = (256, 512, 1024)
@@ -138,12 +137,6 @@ def roofline_ms(flops: float, bytes_moved: float, peak_flops: float, bandwidth: 
     return 1e3 * max(flops / peak_flops, bytes_moved / bandwidth)
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return cpu_name()
-
-
 def _run_stack(fn, qkv, backward: bool):
     """One pass over the stack: every layer's attention, then (optionally) one backward."""
     outs = [fn(q, k, v) for q, k, v in qkv]
@@ -152,21 +145,14 @@ def _run_stack(fn, qkv, backward: bool):
     return outs
 
 
-def _time(fn, qkv, backward: bool, device: torch.device, repeats: int) -> float:
-    """Median milliseconds of `repeats` passes after one warm-up pass."""
-    _run_stack(fn, qkv, backward)
-    times = []
-    for _ in range(repeats):
+def _time(fn, qkv, backward: bool, repeats: int) -> float:
+    """Median milliseconds of `repeats` passes after one warm-up pass (lib.bench.timer)."""
+    def one_pass() -> None:
         for t in (x for layer in qkv for x in layer):
             t.grad = None
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
         _run_stack(fn, qkv, backward)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(times)
+
+    return 1e3 * statistics.median(seconds(one_pass, repeats=repeats, warmup=1))
 
 
 def _backends(device: torch.device, causal: bool) -> dict:
@@ -201,6 +187,7 @@ def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int 
     seqs = tuple(seqs or (GPU_SEQ if gpu else CPU_SEQ))
     layers = layers or (12 if gpu else 2)
     dtype = dtype or (torch.float16 if gpu else torch.float32)
+    load = load_average()
     rows = []
     for S in seqs:
         for name, fn in _backends(device, causal).items():
@@ -212,7 +199,7 @@ def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int 
                 for backward in (False, True):
                     if gpu:
                         torch.cuda.reset_peak_memory_stats(device)
-                    ms = _time(fn, qkv, backward, device, repeats)
+                    ms = _time(fn, qkv, backward, repeats)
                     key = "fwd_bwd" if backward else "fwd"
                     flops = layers * attention_flops(batch, heads, S, head_dim, causal, backward)
                     row[f"{key}_ms"] = round(ms, 3)
@@ -233,8 +220,9 @@ def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int 
         "scaled_down": not gpu,
         "note": ("CPU run: scaled down (fewer layers, shorter sequences, fp32); the Triton kernel is left out "
                  "because the interpreter measures correctness, not speed") if not gpu else "",
-        "device": _device_name(device), "torch": torch.__version__,
-        "triton": _triton_version(), "python": platform.python_version(),
+        "device": device_name(device), "triton": _triton_version(),
+        "machine": machine_record(device_name(device), torch.get_num_threads(), load + load_average(),
+                                  "load_average_1min_at_start_and_end"),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "rows": rows,
         "generated_by": "python -m lib.bench.attention",

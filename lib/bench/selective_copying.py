@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 
 from lib._checks import require_int
 from lib.bench import BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, torch_threads
+from lib.bench.timer import seconds as timed
 
 __all__ = ["LESSON", "LONG_STEPS", "SEEDS", "SHORTER_BLANKS", "CopyRun", "build", "run", "runs", "train_one"]
 
@@ -92,10 +92,13 @@ def train_one(r: CopyRun) -> dict:
     if not isinstance(r, CopyRun):
         raise TypeError(f"r must be a CopyRun, got {type(r).__name__}")
     task, model = build(r)
-    start = time.perf_counter()
-    with default_dtype(torch.float64):
-        losses = train_on_task(model, task, steps=r.steps, batch_size=r.batch_size, lr=r.lr, seed=r.seed)
-    seconds = time.perf_counter() - start
+    losses = []
+
+    def train() -> None:
+        with default_dtype(torch.float64):
+            losses.extend(train_on_task(model, task, steps=r.steps, batch_size=r.batch_size, lr=r.lr, seed=r.seed))
+
+    [seconds] = timed(train, repeats=1, warmup=0)
     tail = losses[-50:]
     return {**asdict(r), "seq_len": task.seq_len, "accuracy": task_accuracy(model, task),
             "final_loss": sum(tail) / len(tail), "seconds": round(seconds, 1)}

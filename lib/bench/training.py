@@ -32,8 +32,8 @@ import argparse
 import copy
 import json
 import statistics
-import time
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -41,6 +41,7 @@ import torch
 
 from lib._checks import require_int
 from lib.bench import BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, torch_threads
+from lib.bench.timer import seconds as timed
 
 __all__ = ["LESSONS", "lesson_cases", "relative_step_times", "run", "training_throughput"]
 
@@ -72,20 +73,18 @@ def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, re
                 and batch[0].dim() == 2 and batch[0].shape == batch[1].shape):
             raise ValueError(f"batches[{i}] must be a pair (idx, targets) of (B, T) tensors of one shape")
     require_int("repeats", repeats, minimum=1)
-    steps: dict[str, Callable[[tuple], float]] = {}
+    steps: dict[str, Callable[[tuple], None]] = {}
     for name, model in models.items():
         twin = copy.deepcopy(model).train()
         params = [p for p in twin.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), foreach=True)  # as the lessons' training loops
 
-        def step(batch, twin=twin, params=params, opt=opt) -> float:
-            start = time.perf_counter()
+        def step(batch, twin=twin, params=params, opt=opt) -> None:
             loss = _loss(twin, *batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            return time.perf_counter() - start
 
         steps[name] = step
     seconds = {name: [] for name in models}
@@ -94,7 +93,7 @@ def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, re
     for r in range(repeats):
         batch = batches[r % len(batches)]
         for name, step in steps.items():
-            seconds[name].append(step(batch))
+            seconds[name] += timed(partial(step, batch), repeats=1, warmup=0)
     tokens = statistics.mean(batches[r % len(batches)][0].numel() for r in range(repeats))  # those timed
     out = {}
     for name, s in seconds.items():

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
-from lib.gpt import GPT, Block, GPTConfig, clm_loss, evaluate_loss, generate, get_batch, train_gpt
+from lib.decode import generate
+from lib.gpt import GPT, Block, GPTConfig, clm_loss, evaluate_loss, get_batch, train_gpt
 from lib.kv_cache import KVCache
 
 hf_logging.set_verbosity_error()  # a tiny vocabulary makes HF warn that GPT-2's bos/eos ids are out of range

@@ -12,10 +12,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import lib
-from lib.gpt import GPT, GPTConfig, generate
+from lib.decode import generate
+from lib.gpt import GPT, GPTConfig
 from lib.hybrid import HybridGPT
 from lib.mamba import MambaConfig, MambaLM
-from lib.mamba import generate as mamba_generate
 from lib.moe import moe_gpt
 
 SYNCS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__")
@@ -82,8 +82,7 @@ def test_gpt_decoding_asks_the_host_nothing_per_token(knobs):
 def test_mamba_and_hybrid_decoding_ask_the_host_nothing_per_token():
     torch.manual_seed(0)
     mamba = MambaLM(MambaConfig.tiny(vocab_size=V))
-    assert syncs_per_token(lambda n: mamba_generate(mamba, IDX, n, top_k=5,
-                                                    generator=torch.Generator().manual_seed(1))) == {}
+    assert syncs_per_token(_sampled(mamba, top_k=5)) == {}
     hybrid = HybridGPT(GPTConfig.tiny(vocab_size=V), "MAMA", MambaConfig.tiny(vocab_size=V))
     assert syncs_per_token(_sampled(hybrid)) == {}
 

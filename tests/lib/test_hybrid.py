@@ -1,25 +1,20 @@
-"""lib.hybrid: a GPT with Mamba-mixer layers decodes with mixed caches exactly as it recomputes,
-and decode_state_bytes is the bytes the caches really allocate."""
+"""lib.hybrid: a GPT with Mamba-mixer layers decodes with mixed caches exactly as it recomputes;
+the pattern alone decides the layers."""
 
 import pytest
 import torch
 
-from lib.gpt import GPT, GPTConfig, generate
-from lib.hybrid import HybridGPT, decode_state_bytes
+from lib.decode import generate
+from lib.gpt import GPTConfig
+from lib.hybrid import HybridGPT
 from lib.kv_cache import KVCache
-from lib.moe import moe_gpt
-from lib.precision import default_dtype
-from lib.mamba import MambaConfig, MambaLM, MixerCache, state_bytes
+from lib.mamba import MambaConfig, MixerCache
 
 
 def tiny_hybrid(pattern="MAM", positions="rope", seed=0):
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=20, block_size=48, n_layer=len(pattern), n_head=4, n_embd=32, positions=positions)
     return HybridGPT(config, pattern, MambaConfig(vocab_size=20, d_model=32, n_layers=1, d_state=8)).eval()
-
-
-def held_bytes(caches) -> int:
-    return sum(c.k.numel() * c.k.element_size() * 2 if isinstance(c, KVCache) else c.nbytes for c in caches)
 
 
 @pytest.mark.parametrize("pattern", ["MAM", "AM", "MMMA", "M", "A"])
@@ -48,23 +43,6 @@ def test_mixer_layers_keep_mamba_init_and_only_the_pattern_decides_the_layers():
     delta0 = torch.nn.functional.softplus(dt_bias.detach())  # Mamba's init: Δ log-uniform in [dt_min, dt_max]
     assert float(delta0.min()) >= 1e-3 * 0.99 and float(delta0.max()) <= 1e-1 * 1.01
     assert "pattern='MAM'" in repr(model)
-
-
-@pytest.mark.parametrize("batch,seq_len", [(1, 1), (2, 17), (3, 40)])
-def test_decode_state_bytes_is_what_the_caches_allocate(batch, seq_len):
-    hybrid = tiny_hybrid("MAM")
-    gpt = GPT(GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32))
-    moe = moe_gpt(GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32), num_experts=4, top_k=2)
-    mamba = MambaLM(MambaConfig(vocab_size=20, d_model=32, n_layers=3, d_state=8))
-    for model in (hybrid, gpt, moe):
-        caches = model.new_caches(batch, seq_len)
-        assert decode_state_bytes(model, batch, seq_len) == held_bytes(caches)
-    assert decode_state_bytes(mamba, batch, seq_len) == mamba.new_state(batch).nbytes
-    # the Mamba state does not grow with the context; the attention layers' caches do, linearly
-    assert decode_state_bytes(mamba, batch, 1) == decode_state_bytes(mamba, batch, 40)
-    grow = [decode_state_bytes(hybrid, batch, s) for s in (10, 20, 30)]
-    assert grow[1] - grow[0] == grow[2] - grow[1] > 0
-    assert decode_state_bytes(hybrid, batch, 40, "fp16") * 2 == decode_state_bytes(hybrid, batch, 40, torch.float32)
 
 
 def test_mixer_cache_advances_and_refuses_gaps():
@@ -97,22 +75,3 @@ def test_bad_arguments_are_refused_with_the_reason():
     assert ones.shape == (2, 4, 20)
     with pytest.raises(ValueError, match="max_len must be <= block_size=48"):
         model.new_caches(1, 49)
-    with pytest.raises(TypeError, match="model must be a lib.gpt.GPT"):
-        decode_state_bytes(torch.nn.Linear(2, 2), 1, 4)
-    with pytest.raises(ValueError, match="seq_len must be >= 1"):
-        decode_state_bytes(model, 1, 0)
-    with pytest.raises(ValueError, match="dtype_name must be one of"):
-        decode_state_bytes(model, 1, 4, "fp64")
-
-
-def test_decode_state_bytes_counts_a_float64_model_in_float64():
-    """The lessons train in float64: by default the bytes are those its caches really allocate."""
-    with default_dtype(torch.float64):
-        hybrid = tiny_hybrid("MAM")
-        gpt = GPT(GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32))
-        mamba = MambaLM(MambaConfig(vocab_size=20, d_model=32, n_layers=3, d_state=8))
-    for model in (hybrid, gpt):
-        assert decode_state_bytes(model, 2, 17) == held_bytes(model.new_caches(2, 17))
-        assert decode_state_bytes(model, 2, 17) == 2 * decode_state_bytes(model, 2, 17, torch.float32)
-    assert decode_state_bytes(mamba, 2, 17) == mamba.new_state(2).nbytes == state_bytes(mamba, 2)
-    assert state_bytes(mamba.config, 2) == state_bytes(mamba, 2) // 2  # a config has no dtype: float32

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from lib.gpt import GPT, Block, GPTConfig, train_gpt
 from lib.kv_cache import kv_cache_bytes
-from lib.mamba import MambaConfig, MambaLM, MambaMixer, MambaState, SelectiveSSM, generate, state_bytes, trace_states
+from lib.decode import generate
+from lib.mamba import MambaConfig, MambaLM, MambaMixer, MixerCache, SelectiveSSM, state_bytes, trace_states
 from lib.scan import discretize, lti_kernel, ssm_convolution
 from scan_builders import one_thread  # noqa: F401  (an autouse fixture: one thread for tiny tensors)
 
@@ -37,34 +38,56 @@ def tiny_model(seed=0, **changes) -> MambaLM:
 
 @pytest.mark.parametrize("changes", [{}, {"chunk_size": 4}, {"selective": False}, {"norm": "layer", "d_conv": 2}])
 def test_step_by_step_decoding_matches_parallel_forward(changes):
-    """Decoding one token at a time from new_state() gives the forward's logits at every position.
+    """Decoding one token at a time from fresh caches gives the forward's logits at every position.
     Both in fp32; they differ only in rounding order (a conv as a sum vs conv1d, the scan chunked
     vs stepped), and logits are O(1): 1e-5 absolute is ~100 ε of them."""
     model = tiny_model(**changes)
     idx = torch.randint(64, (2, 23), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(idx)  # (B, T, V)
-        state = model.new_state(2)
+        caches = model.new_caches(2)
         for t in range(idx.shape[1]):
-            logits, state = model.step(idx[:, t], state)
-            torch.testing.assert_close(logits, full[:, t], rtol=1e-5, atol=1e-5)
+            logits = model(idx[:, t:t + 1], caches=caches, start=t)  # (B, 1, V): one recurrence step
+            torch.testing.assert_close(logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+    assert all(c.length == idx.shape[1] for c in caches)
+
+
+def test_one_token_takes_the_recurrence_step_and_a_prompt_the_scan():
+    """A MixerCache advances one token with the mixer's `step` (as mamba_ssm decodes) and longer
+    inputs with the scan; both continue the same state."""
+    model = tiny_model()
+    mixer = model.layers[0].mixer
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(6))
+    calls = []
+    real_step = mixer.step
+    mixer.step = lambda *a: calls.append("step") or real_step(*a)
+    with torch.no_grad():
+        cache = mixer.new_cache(2, dtype=torch.float32, device="cpu")
+        prompt = mixer(x[:, :5], cache=cache, start=0)
+        last = mixer(x[:, 5:], cache=cache, start=5)
+        whole = mixer(x)
+    assert calls == ["step"]
+    torch.testing.assert_close(torch.cat([prompt, last], dim=1), whole, rtol=1e-5, atol=1e-5)
 
 
 def test_prefill_in_pieces_matches_one_prefill():
     model = tiny_model()
     idx = torch.randint(64, (2, 30), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        full, state = model.prefill(idx)
-        a, s1 = model.prefill(idx[:, :2])  # shorter than the conv's window: its state mixes zeros and inputs
-        b, s2 = model.prefill(idx[:, 2:11], s1)
-        c, s3 = model.prefill(idx[:, 11:], s2)
+        one = model.new_caches(2)
+        full = model(idx, caches=one)
+        pieces = model.new_caches(2)
+        a = model(idx[:, :2], caches=pieces)  # shorter than the conv's window: its state mixes zeros and inputs
+        b = model(idx[:, 2:11], caches=pieces, start=2)
+        c = model(idx[:, 11:], caches=pieces, start=11)
     torch.testing.assert_close(torch.cat([a, b, c], dim=1), full, rtol=1e-5, atol=1e-5)
-    with torch.no_grad():  # the same scan as prefill's (selective_scan's "auto" picks by whether grad is needed)
+    with torch.no_grad():  # the same scan as with caches (selective_scan's "auto" picks by whether grad is needed)
         torch.testing.assert_close(full, model(idx), rtol=0, atol=0)
     # with gradients on, "auto" is the chunked scan: the same up to fp32 rounding (logits are O(1))
     torch.testing.assert_close(full, model(idx), rtol=1e-5, atol=1e-5)
-    for u, v in zip(state.conv + state.ssm, s3.conv + s3.ssm):
-        torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-5)
+    for u, v in zip(one, pieces):
+        torch.testing.assert_close(u.conv, v.conv, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(u.ssm, v.ssm, rtol=1e-5, atol=1e-5)
 
 
 def test_state_size_is_constant_in_position_and_matches_state_bytes():
@@ -72,14 +95,15 @@ def test_state_size_is_constant_in_position_and_matches_state_bytes():
     config = model.config
     expected = state_bytes(model, 3)
     assert expected == config.n_layers * 3 * config.d_inner * (config.d_conv - 1 + config.d_state) * 4
-    state = model.new_state(3)
-    sizes = [state.nbytes]
+    caches = model.new_caches(3)
+    sizes = [sum(c.nbytes for c in caches)]
     with torch.no_grad():
         for t in range(40):
-            _, state = model.step(torch.full((3,), t % 64), state)
-            sizes.append(state.nbytes)
-        _, long_state = model.prefill(torch.randint(64, (3, 500)))
-    assert set(sizes) == {expected} and long_state.nbytes == expected
+            model(torch.full((3, 1), t % 64), caches=caches, start=t)
+            sizes.append(sum(c.nbytes for c in caches))
+        long = model.new_caches(3)
+        model(torch.randint(64, (3, 500)), caches=long)
+    assert set(sizes) == {expected} and sum(c.nbytes for c in long) == expected == model.cache_bytes(3, 500)
     assert state_bytes(config, 3, "fp16") == expected // 2 == state_bytes(config, 3, torch.bfloat16)
     # a KV cache of the same width and depth passes it after a handful of positions, and keeps growing
     kv = [kv_cache_bytes(config.n_layers, 3, s, 1, config.d_model, 4) for s in (1, 100)]
@@ -240,12 +264,9 @@ def test_mamba_lm_is_hugging_faces_mamba_for_causal_lm(scan):
         torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-5 * want.abs().max().item(),
                                    msg=lambda m: f"grad of {name}: {m}")
     with torch.no_grad():  # and the recurrent step reproduces the parallel forward
-        state = ours.new_state(3)
-        stepped = []
-        for t in range(idx.shape[1]):
-            out, state = ours.step(idx[:, t], state)
-            stepped.append(out)
-        torch.testing.assert_close(torch.stack(stepped, 1), hf_logits(idx), **tol)
+        caches = ours.new_caches(3)
+        stepped = [ours(idx[:, t:t + 1], caches=caches, start=t) for t in range(idx.shape[1])]
+        torch.testing.assert_close(torch.cat(stepped, 1), hf_logits(idx), **tol)
 
 
 def test_a_float64_model_keeps_every_parameter_in_float64_and_a_half_default_keeps_A_in_fp32():
@@ -271,12 +292,19 @@ def test_the_model_refuses_bad_inputs():
     with pytest.raises(TypeError, match="dt_rank must be an int"):
         MambaConfig.tiny(dt_rank="big")
     model = tiny_model()
-    with pytest.raises(TypeError, match="state must be a MambaState"):
-        model.step(torch.zeros(2, dtype=torch.long), None)
-    with pytest.raises(ValueError, match=r"state.conv\[0\] must have shape \(2, 64, 3\) for a batch of 2"):
-        model.step(torch.zeros(2, dtype=torch.long), model.new_state(3))
-    with pytest.raises(ValueError, match=r"idx_t must have shape \(B,\)"):
-        model.step(torch.zeros(2, 1, dtype=torch.long), model.new_state(2))
+    one = torch.zeros(2, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="the cache was built for batch size 3, x has batch size 2"):
+        model(one, caches=model.new_caches(3))
+    with pytest.raises(ValueError, match=r"caches must hold one MixerCache per layer \(2\), got 1"):
+        model(one, caches=model.new_caches(2)[:1])
+    with pytest.raises(ValueError, match=r"start must equal the positions already read \(0\)"):
+        model(one, caches=model.new_caches(2), start=4)
+    with pytest.raises(ValueError, match="start > 0 needs caches"):
+        model(one, start=4)
+    with pytest.raises(ValueError, match="takes no padding: attention_mask must be None or all ones"):
+        model(one, attention_mask=torch.tensor([[0], [1]]))
+    with pytest.raises(ValueError, match=r"idx must have shape \(B, T\)"):
+        model(torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="must lie in"):
         model(torch.full((1, 4), 64))
     with pytest.raises(ValueError, match="no padding mask"):
@@ -285,4 +313,4 @@ def test_the_model_refuses_bad_inputs():
         model.layers[0].mixer(torch.zeros(1, 3, 32), cache=object())
     with pytest.raises(TypeError, match="model_or_config must be a MambaLM or a MambaConfig"):
         state_bytes(GPTConfig.tiny(), 1)
-    assert isinstance(model.new_state(1), MambaState)
+    assert all(isinstance(c, MixerCache) for c in model.new_caches(1))

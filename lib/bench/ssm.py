@@ -1,7 +1,7 @@
 """Benchmark: the selective scans against the per-step reference, side by side.
 
-    python tools/bench_ssm.py                 # writes benchmarks/ssm_cpu.json
-    python tools/bench_ssm.py --repeats 7 --lengths 256 2048
+    python -m lib.bench.ssm                 # writes benchmarks/ssm_cpu.json
+    python -m lib.bench.ssm --repeats 7 --lengths 256 2048
 
 Sizes as the issue fixed them: batch 2, D = 64 channels, N = 16 state entries, fp32, L in
 (256, 1024, 2048, 4096), torch.set_num_threads(2); then the same with 1 thread, which a busy
@@ -10,13 +10,15 @@ of a normal shifted by −4 (mostly 0.005–0.1), A = −(1..N) (S4D-real), x, B
 For each L, the reference, the chunked PyTorch scan (`selective_scan(impl="chunked")`, default
 chunk size) and, where it compiled, the fused C loop (`lib.scan.selective_scan_cpu`,
 which `selective_scan` runs by default on a CPU, forward and backward) run alternately, forward only
-(no_grad) and forward + backward, after one warm-up each; the result is the ratio of the medians. A chunk-size sweep at L = 2048 shows where `default_chunk_size` comes from.
+(no_grad) and forward + backward, after one warm-up each (lib.bench.timer.side_by_side); the
+result is the ratio of the medians. A chunk-size sweep at L = 2048 shows where `default_chunk_size` comes from.
 A record, not a test: timings depend on the machine and on whatever else runs on it (the load
 average is recorded beside them).
 
 On a CUDA GPU (tools/gpu_checks.sh runs it there) it also times the fused Triton kernel
 (`lib.scan.selective_scan_triton`) beside the two, at the issue's shape and at a Mamba-130m
-layer's width (batch 8, D = 1536, N = 16), and writes benchmarks/ssm_cuda.json.
+layer's width (batch 8, D = 1536, N = 16), and writes benchmarks/ssm_cuda.json. (Records made
+before this module existed name its former path, tools/bench_ssm.py.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -33,11 +34,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lib.bench import BENCHMARKS, busy_machine, device_name, load_average, machine_record, torch_threads
+from lib.bench.timer import side_by_side
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
 from lib.scan import default_chunk_size, selective_scan, selective_scan_cpu, selective_scan_ref
-from lib.bench import busy_machine, cpu_name, machine_record
 
-ROOT = Path(__file__).resolve().parent.parent
 SHAPES = (2, 64, 16)  # batch, D channels, N state entries
 GPU_MODEL_SHAPE = (8, 1536, 16)  # a Mamba-130m layer (d_inner = 2 x 768), batch 8: on a GPU only
 
@@ -54,35 +55,16 @@ def make_inputs(batch: int, L: int, D: int, N: int, device, seed: int = 0):
     return [t.to(device) for t in (x, delta, A, B, C)]
 
 
-def timer(fn, inputs, backward: bool, device):
-    """A function timing one call of fn on inputs, forward only or forward + backward."""
-    def once() -> float:
+def call(fn, inputs, backward: bool):
+    """One call of fn on inputs, forward only (no_grad) or forward + backward, as a function."""
+    def once() -> None:
         if backward:
-            leaves = [t.detach().requires_grad_() for t in inputs]
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        if backward:
-            y = fn(*leaves)
+            y = fn(*[t.detach().requires_grad_() for t in inputs])
             y.backward(torch.ones_like(y))
         else:
             with torch.no_grad():
                 fn(*inputs)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
     return once
-
-
-def median_seconds(runs: dict, repeats: int) -> dict[str, list[float]]:
-    """Time each run `repeats` times, alternating between them, after one warm-up each."""
-    seconds = {k: [] for k in runs}
-    for run in runs.values():
-        run()
-    for _ in range(repeats):
-        for k, run in runs.items():
-            seconds[k].append(run())
-    return seconds
 
 
 def cpu_scans() -> dict:
@@ -108,7 +90,7 @@ def bench_lengths(lengths, repeats: int, device, shape=SHAPES, scans=None) -> li
             if k in errs:
                 row[f"max_abs_diff_fwd_{k}"] = float(f"{errs[k]:.3g}")
         for mode, backward in (("forward", False), ("forward_backward", True)):
-            seconds = median_seconds({k: timer(fn, inputs, backward, device) for k, fn in scans.items()}, repeats)
+            seconds = side_by_side({k: call(fn, inputs, backward) for k, fn in scans.items()}, repeats=repeats)
             median = {k: statistics.median(v) for k, v in seconds.items()}
             row[mode] = {"seconds": {k: [round(s, 6) for s in v] for k, v in seconds.items()},
                          "median_seconds": {k: round(v, 6) for k, v in median.items()}}
@@ -127,12 +109,11 @@ def bench_lengths(lengths, repeats: int, device, shape=SHAPES, scans=None) -> li
 def bench_chunk_sizes(chunk_sizes, repeats: int, device) -> dict[str, float]:
     batch, D, N = SHAPES
     inputs = make_inputs(batch, 2048, D, N, device)
-    runs = {cs: timer(lambda *t, cs=cs: selective_scan(*t, chunk_size=cs, impl="chunked"), inputs, False, device)
-            for cs in chunk_sizes}
-    return {str(cs): round(statistics.median(v), 5) for cs, v in median_seconds(runs, repeats).items()}
+    runs = {str(cs): call(partial(selective_scan, chunk_size=cs, impl="chunked"), inputs, False) for cs in chunk_sizes}
+    return {cs: round(statistics.median(v), 5) for cs, v in side_by_side(runs, repeats=repeats).items()}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048, 4096])
     parser.add_argument("--repeats", type=int, default=5)
@@ -141,10 +122,10 @@ def main() -> None:
     parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16, 32, 64, 128, 256],
                         help="chunk sizes timed at L = 2048 (forward); none to skip")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
+    load = load_average()
     rows, sweep = [], {}
     shapes, scans = [SHAPES], None
     if device.type == "cuda":  # the fused kernel runs compiled only here; add a model-sized layer
@@ -153,13 +134,12 @@ def main() -> None:
                                                     "chunked": partial(selective_scan, impl="chunked"),
                                                     "triton": selective_scan_triton}
     for threads in args.threads:
-        torch.set_num_threads(threads)
-        for shape in shapes:
-            rows += bench_lengths(args.lengths, args.repeats, device, shape, scans)
-        if args.sweep:
-            sweep[f"threads_{threads}"] = bench_chunk_sizes(args.sweep, args.repeats, device)
-        if hasattr(os, "getloadavg"):
-            load.append(os.getloadavg()[0])
+        with torch_threads(threads):
+            for shape in shapes:
+                rows += bench_lengths(args.lengths, args.repeats, device, shape, scans)
+            if args.sweep:
+                sweep[f"threads_{threads}"] = bench_chunk_sizes(args.sweep, args.repeats, device)
+        load += load_average()
 
     timed = list(rows[0]["forward"]["median_seconds"])
     fused = {"cpu": "the fused C loop (lib.scan.selective_scan_cpu)",
@@ -179,12 +159,12 @@ def main() -> None:
         "results": rows,
         "chunk_size_sweep_forward_L2048_median_seconds": sweep,
         "default_chunk_size_L2048": default_chunk_size(2048),
-        "machine": machine_record(torch.cuda.get_device_name() if device.type == "cuda" else cpu_name(), args.threads,
+        "machine": machine_record(device_name(device), args.threads,
                                   load, "load_average_1min_at_start_and_after_each_thread_count"),
         "busy_machine": busy_machine(load),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-        "generated_by": "tools/bench_ssm.py",
-        "note": "generated file: rerun tools/bench_ssm.py to update it, do not edit by hand. A load average "
+        "generated_by": "python -m lib.bench.ssm",
+        "note": "generated file: rerun python -m lib.bench.ssm to update it, do not edit by hand. A load average "
                 "above the core count means other processes shared the CPU: multi-threaded timings then "
                 "suffer most (each parallel region waits for a core).",
     }
@@ -207,7 +187,7 @@ def main() -> None:
     if result["busy_machine"]:
         print(f"\nwarning: the 1-minute load average reached {max(load):.1f} on {os.cpu_count()} cores: other "
               "processes shared the CPU, and multi-threaded timings are unreliable")
-    out = args.out or ROOT / "benchmarks" / f"ssm_{device.type}.json"
+    out = args.out or BENCHMARKS / f"ssm_{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {out}")

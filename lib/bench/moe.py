@@ -1,11 +1,11 @@
 """Benchmark: the MoE layer's two dispatch paths, "loop" and "grouped", side by side.
 
-    python tools/bench_moe.py                  # writes benchmarks/moe_<device>.json
-    python tools/bench_moe.py --repeats 9 --threads 2     # one thread count only
+    python -m lib.bench.moe                  # writes benchmarks/moe_<device>.json
+    python -m lib.bench.moe --repeats 9 --threads 2     # one thread count only
 
 One lib.moe.MoE per setting (random weights: time does not depend on their values, and a random
 router spreads tokens about evenly), timed forward (under no_grad) and forward + backward, both
-dispatches in the same process, alternating, after a warm-up; the result is the ratio of the
+dispatches in the same process, alternating, after a warm-up (lib.bench.timer.side_by_side); the result is the ratio of the
 medians (and of the minima: other jobs on a shared machine slow some repeats, never speed one up).
 Settings: the lesson's target (4096 tokens, d_model 256, d_ff 1024, 8 experts, top-2), the same at
 1024 tokens, and many small experts (64 experts of d_ff 128 at d_model 64), where finding and
@@ -13,26 +13,25 @@ moving tokens weighs more against the expert matmuls. Beside them, the expert ma
 segments of the same sizes: no dispatch can beat that, so loop / experts-alone bounds what any
 dispatch can gain. Run with 2 torch threads, then 1 (on a shared 2-core machine, 2 threads
 contend with other jobs at every parallel region). A record, not a test: timings depend on the
-machine and on whatever else runs on it (the 1-minute load average is stored).
+machine and on whatever else runs on it (the 1-minute load average is stored). (Records made
+before this module existed name its former path, tools/bench_moe.py; their forward + backward
+times include a second forward, a slip this module no longer makes.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from lib.bench import BENCHMARKS, device_name, load_average, machine_record, torch_threads
+from lib.bench.timer import side_by_side
 from lib.moe import MoE
-from lib.bench import cpu_name
 
-ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {
     "target": dict(tokens=4096, d_model=256, d_ff=1024, num_experts=8, top_k=2),
     "target_1024_tokens": dict(tokens=1024, d_model=256, d_ff=1024, num_experts=8, top_k=2),
@@ -46,10 +45,6 @@ def time_setting(s: dict, repeats: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     moe = MoE(s["d_model"], s["d_ff"], s["num_experts"], s["top_k"]).to(device)
     x = torch.randn(1, s["tokens"], s["d_model"], device=device)
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
 
     def forward() -> None:
         with torch.no_grad():
@@ -71,22 +66,16 @@ def time_setting(s: dict, repeats: int, device: torch.device) -> dict:
             for seg, w in zip(segments, moe._weights()):
                 moe.expert(seg, *w)
 
-    seconds = {f"{p}_{d}": [] for p in ("forward", "forward_backward") for d in ("loop", "grouped")}
-    seconds["forward_experts_only"] = []
-    for rep in range(repeats + 1):  # the first round is the warm-up, not recorded
-        for dispatch in ("loop", "grouped", None):
-            if dispatch is None:
-                runs = (("forward_experts_only", experts_only),)
-            else:
-                moe.dispatch = dispatch
-                runs = ((f"forward_{dispatch}", forward), (f"forward_backward_{dispatch}", forward_backward))
-            for name, fn in runs:
-                sync()
-                start = time.perf_counter()
-                fn()
-                sync()
-                if rep:
-                    seconds[name].append(time.perf_counter() - start)
+    def dispatched(fn, dispatch):
+        def run() -> None:
+            moe.dispatch = dispatch
+            fn()
+        return run
+
+    runs = {f"{p}_{d}": dispatched(fn, d) for d in ("loop", "grouped")
+            for p, fn in (("forward", forward), ("forward_backward", forward_backward))}
+    runs["forward_experts_only"] = experts_only
+    seconds = side_by_side(runs, repeats=repeats)  # one warm-up round, then alternating
     median = {k: statistics.median(v) for k, v in seconds.items()}
     fastest = {k: min(v) for k, v in seconds.items()}
     return {
@@ -103,32 +92,29 @@ def time_setting(s: dict, repeats: int, device: torch.device) -> dict:
     }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1],
                         help="torch thread counts to run, in turn (default: 2, then 1)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    results, load = {}, []
+    results, load = {}, load_average()
     for n in args.threads:
-        torch.set_num_threads(n)
-        load.append(round(os.getloadavg()[0], 2))
-        results[f"threads_{n}"] = {name: time_setting(s, args.repeats, device) for name, s in SETTINGS.items()}
-    load.append(round(os.getloadavg()[0], 2))
+        with torch_threads(n):
+            results[f"threads_{n}"] = {name: time_setting(s, args.repeats, device) for name, s in SETTINGS.items()}
+        load += load_average()
     result = {
         "benchmark": "lib.moe.MoE forward and forward+backward, dispatch='loop' vs 'grouped', fp32, batch 1",
         "results": results,
-        "machine": {"device": torch.cuda.get_device_name() if device.type == "cuda" else cpu_name(),
-                    "cpu_cores": os.cpu_count(), "torch_threads": args.threads,
-                    "load_average_1min": load,  # at the start of each thread count's run, and at the end
-                    "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine_record(device_name(device), args.threads, load,
+                                  "load_average_1min_at_start_and_after_each_thread_count"),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-        "generated_by": "tools/bench_moe.py",
+        "generated_by": "python -m lib.bench.moe",
     }
-    out = args.out or ROOT / "benchmarks" / f"moe_{device.type}.json"
+    out = args.out or BENCHMARKS / f"moe_{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -1,0 +1,111 @@
+"""lib.decode: one generate drives every course decoder (GPT, MoE GPT, Mamba, hybrid) through
+the same protocol, cached exactly as recomputed; decode_state_bytes is the bytes the layers'
+caches really allocate."""
+
+import pytest
+import torch
+
+from lib.decode import Decoder, decode_state_bytes, generate
+from lib.gpt import GPT, GPTConfig
+from lib.hybrid import HybridGPT
+from lib.kv_cache import KVCache
+from lib.mamba import MambaConfig, MambaLM, state_bytes
+from lib.moe import moe_gpt
+from lib.precision import default_dtype
+
+
+def tiny_hybrid(pattern="MAM"):
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=20, block_size=48, n_layer=len(pattern), n_head=4, n_embd=32, positions="rope")
+    return HybridGPT(config, pattern, MambaConfig(vocab_size=20, d_model=32, n_layers=1, d_state=8)).eval()
+
+
+def decoders() -> dict:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32)
+    return {"GPT": GPT(config), "MoE GPT": moe_gpt(config, num_experts=4, top_k=2), "hybrid": tiny_hybrid(),
+            "Mamba": MambaLM(MambaConfig(vocab_size=20, d_model=32, n_layers=3, d_state=8))}
+
+
+def held_bytes(caches) -> int:
+    """Counted from the tensors themselves (a KV cache's k and v), not from any formula."""
+    return sum(c.k.numel() * c.k.element_size() * 2 if isinstance(c, KVCache) else c.conv.nbytes + c.ssm.nbytes
+               for c in caches)
+
+
+@pytest.mark.parametrize("name", ["GPT", "MoE GPT", "hybrid", "Mamba"])
+def test_one_generate_decodes_every_model_as_it_recomputes(name):
+    model = decoders()[name].eval()
+    assert isinstance(model, Decoder)
+    idx = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(1))
+    greedy = generate(model, idx, 10, temperature=0, use_cache=True)
+    assert torch.equal(greedy, generate(model, idx, 10, temperature=0, use_cache=False))
+    seq = idx
+    with torch.no_grad():  # greedy is the argmax of the plain forward, token by token
+        for _ in range(10):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(greedy, seq)
+    knobs = dict(temperature=0.8, top_k=8, top_p=0.9)
+    a = generate(model, idx, 10, generator=torch.Generator().manual_seed(3), **knobs)
+    b = generate(model, idx, 10, generator=torch.Generator().manual_seed(3), use_cache=False, **knobs)
+    assert torch.equal(a, b) and a.shape == (2, 16)
+
+
+def test_a_lora_wrapped_gpt_still_decodes_with_its_caches():
+    """LoRA replaces the attention's projections (no `.weight` on them): the caches take the
+    model's dtype and device, not a projection's."""
+    from lib.lora import add_lora
+
+    model = decoders()["GPT"].eval()
+    idx = torch.randint(0, 20, (2, 4), generator=torch.Generator().manual_seed(2))
+    before = generate(model, idx, 6, temperature=0)
+    add_lora(model, ("c_attn", "c_proj"), r=2)  # B starts at zero: the same function
+    assert torch.equal(generate(model, idx, 6, temperature=0), before)
+
+
+def test_generate_refuses_what_is_not_a_decoder_and_what_a_model_cannot_do():
+    with pytest.raises(TypeError, match="model must be a decoder"):
+        generate(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match="takes no padding"):
+        generate(decoders()["Mamba"], torch.zeros(2, 3, dtype=torch.long), 2,
+                 attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    mamba = decoders()["Mamba"]  # no context limit: far past any GPT's block_size
+    assert generate(mamba, torch.zeros(1, 60, dtype=torch.long), 2).shape == (1, 62)
+
+
+@pytest.mark.parametrize("batch,seq_len", [(1, 1), (2, 17), (3, 40)])
+def test_decode_state_bytes_is_what_the_caches_allocate(batch, seq_len):
+    models = decoders()
+    hybrid, gpt, moe, mamba = (models[k] for k in ("hybrid", "GPT", "MoE GPT", "Mamba"))
+    for model in (hybrid, gpt, moe):
+        caches = model.new_caches(batch, seq_len)
+        assert decode_state_bytes(model, batch, seq_len) == held_bytes(caches)
+    assert decode_state_bytes(mamba, batch, seq_len) == held_bytes(mamba.new_caches(batch))
+    # the Mamba state does not grow with the context; the attention layers' caches do, linearly
+    assert decode_state_bytes(mamba, batch, 1) == decode_state_bytes(mamba, batch, 40)
+    grow = [decode_state_bytes(hybrid, batch, s) for s in (10, 20, 30)]
+    assert grow[1] - grow[0] == grow[2] - grow[1] > 0
+    assert decode_state_bytes(hybrid, batch, 40, "fp16") * 2 == decode_state_bytes(hybrid, batch, 40, torch.float32)
+
+
+def test_decode_state_bytes_counts_a_float64_model_in_float64():
+    """The lessons train in float64: by default the bytes are those its caches really allocate."""
+    with default_dtype(torch.float64):
+        hybrid = tiny_hybrid("MAM")
+        gpt = GPT(GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32))
+        mamba = MambaLM(MambaConfig(vocab_size=20, d_model=32, n_layers=3, d_state=8))
+    for model in (hybrid, gpt):
+        assert decode_state_bytes(model, 2, 17) == held_bytes(model.new_caches(2, 17))
+        assert decode_state_bytes(model, 2, 17) == 2 * decode_state_bytes(model, 2, 17, torch.float32)
+    assert decode_state_bytes(mamba, 2, 17) == held_bytes(mamba.new_caches(2)) == state_bytes(mamba, 2)
+    assert state_bytes(mamba.config, 2) == state_bytes(mamba, 2) // 2  # a config has no dtype: float32
+
+
+def test_decode_state_bytes_refuses_bad_arguments():
+    model = tiny_hybrid("MA")
+    with pytest.raises(TypeError, match="model must be a decoder"):
+        decode_state_bytes(torch.nn.Linear(2, 2), 1, 4)
+    with pytest.raises(ValueError, match="seq_len must be >= 1"):
+        decode_state_bytes(model, 1, 0)
+    with pytest.raises(ValueError, match="dtype_name must be one of"):
+        decode_state_bytes(model, 1, 4, "fp64")
