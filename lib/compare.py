@@ -42,7 +42,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from lib._checks import require_int, require_real
 from lib.gpt import GPT, CausalSelfAttention, GPTConfig
 from lib.hybrid import HybridGPT
-from lib.moe import MoE, moe_gpt
+from lib.moe import MoE
+from lib.moe_lm import moe_gpt
 from lib.mamba import MambaConfig, MambaLM, SelectiveSSM
 from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
 

@@ -28,9 +28,9 @@ residual connection. A token's K experts are distinct, so token order alone rank
 
 Also here: `load_balancing_loss` (equal to Hugging Face's Mixtral `load_balancing_loss_func`),
 `router_z_loss`, `expert_capacity`, `moe_param_counts` (active vs total parameters, FLOPs per
-token; `MIXTRAL_8X7B` holds that model's published config), and a small MoE language model on
-lib.gpt's skeleton (`moe_gpt`, `MoEFeedForward`) with `train_moe_lm`, which records per-expert
-load step by step for the collapse/balance experiment. Expert parallelism is in lib.moe_parallel.
+token; `MIXTRAL_8X7B` holds that model's published config). A small MoE language model built
+from this layer, and its training experiment, are lib.moe_lm; expert parallelism is
+lib.moe_parallel.
 
 Glossary: B batch, T tokens per row, C model width (d_model), F expert hidden width (d_ff),
 E experts, K experts per token (top_k), N = B·T tokens, A = N·K assignments (token, expert pairs),
@@ -40,22 +40,17 @@ L layers.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import require_int, require_rank, require_real, require_tensor
-from lib.train import train
-from lib.training_cache import replayable
 
-__all__ = ["ACTIVATIONS", "DISPATCHES", "GATINGS", "MIXTRAL_8X7B", "MoE", "MoEFeedForward", "MoETrainRecord",
-           "RoutingStats", "expert_capacity", "load_balancing_loss", "moe_from_mixtral", "moe_gpt", "moe_param_counts",
-           "moe_ref", "router_logits_of", "router_z_loss", "train_moe_lm"]
+__all__ = ["ACTIVATIONS", "DISPATCHES", "GATINGS", "MIXTRAL_8X7B", "MoE", "RoutingStats", "check_layer_args", "expert_capacity",
+           "load_balancing_loss", "moe_from_mixtral", "moe_param_counts", "moe_ref", "router_z_loss"]
 
 ACTIVATIONS = ("gelu", "silu", "swiglu")  # swiglu: three matrices, w2(silu(x·w1) * (x·w3)), as Mixtral
 GATINGS = {
@@ -67,7 +62,8 @@ DISPATCHES = ("grouped", "loop")
 
 
 # --------------------------------------------------------------------------- checks and arithmetic
-def _check_layer_args(d_model, d_ff, num_experts, top_k, activation="gelu") -> None:
+def check_layer_args(d_model, d_ff, num_experts, top_k, activation="gelu") -> None:
+    """The sizes and activation of an MoE layer (MoE's constructor and lib.moe_lm.moe_gpt check them)."""
     require_int("d_model", d_model, minimum=1)
     require_int("d_ff", d_ff, minimum=1)
     require_int("num_experts", num_experts, minimum=1)
@@ -164,7 +160,7 @@ class MoE(nn.Module):
     def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int = 2, *, activation: str = "gelu",
                  gating: str = "topk_softmax", capacity_factor: float | None = None, dispatch: str = "grouped"):
         super().__init__()
-        _check_layer_args(d_model, d_ff, num_experts, top_k, activation)
+        check_layer_args(d_model, d_ff, num_experts, top_k, activation)
         self.d_model, self.d_ff, self.num_experts, self.top_k = d_model, d_ff, num_experts, top_k
         self.activation = activation
         self.gating, self.capacity_factor, self.dispatch = gating, capacity_factor, dispatch
@@ -412,7 +408,7 @@ def moe_param_counts(d_model: int, d_ff: int, num_experts: int, top_k: int, *, a
     FLOPs: 2 per multiply-add over the active matrices (the embedding lookup is free; attention's
     T-dependent score and mix products are left out).
     """
-    _check_layer_args(d_model, d_ff, num_experts, top_k, activation)
+    check_layer_args(d_model, d_ff, num_experts, top_k, activation)
     require_int("num_layers", num_layers, minimum=1)
     C, Fh, E, K, L = d_model, d_ff, num_experts, top_k, num_layers
     expert = (3 if activation == "swiglu" else 2) * C * Fh
@@ -440,168 +436,3 @@ def moe_param_counts(d_model: int, d_ff: int, num_experts: int, top_k: int, *, a
     output_head = 0 if vocab_size is None else vocab_size * C  # computed even when tied to the embedding
     counts["flops_per_token"] = 2 * (L * counts["moe_layer_active"] + attention + output_head)
     return counts
-
-
-# --------------------------------------------------------------------------- a small MoE language model
-class MoEFeedForward(nn.Module):
-    """Fits an MoE into lib.gpt.Block's `mlp` slot: returns y alone and keeps the router logits
-    (N, E) of the last forward in `router_logits`, for the auxiliary loss."""
-
-    def __init__(self, moe: MoE):
-        super().__init__()
-        if not isinstance(moe, MoE):
-            raise TypeError(f"moe must be a lib.moe.MoE, got {type(moe).__name__}")
-        self.moe = moe
-        self.router_logits: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, self.router_logits = self.moe(x)  # (B, T, C), (N, E)
-        return y
-
-
-def moe_gpt(config, num_experts: int = 8, top_k: int = 2, d_ff: int | None = None, **moe_kwargs):
-    """A lib.gpt.GPT whose every block's feed-forward is an MoE of `num_experts` experts of width
-    d_ff (default 4·n_embd, GPT's own MLP width, so one expert = one dense MLP's matrices)."""
-    from lib.gpt import GPT, Block, GPTConfig  # imported here: the layer alone (and lib.moe_parallel) needs no GPT
-
-    if not isinstance(config, GPTConfig):
-        raise TypeError(f"config must be a lib.gpt.GPTConfig, got {type(config).__name__}")
-    d_ff = 4 * config.n_embd if d_ff is None else d_ff
-    _check_layer_args(config.n_embd, d_ff, num_experts, top_k, moe_kwargs.get("activation", "gelu"))
-
-    def make_block(cfg, i):
-        return Block(cfg, mlp=MoEFeedForward(MoE(cfg.n_embd, d_ff, num_experts, top_k, **moe_kwargs)))
-
-    return GPT(config, make_block=make_block)
-
-
-def router_logits_of(model: nn.Module) -> list[torch.Tensor]:
-    """The router logits (N, E) of every MoEFeedForward in `model` from its last forward, in order."""
-    return [m.router_logits for m in model.modules() if isinstance(m, MoEFeedForward) and m.router_logits is not None]
-
-
-@dataclass
-class MoETrainRecord:
-    """One `train_moe_lm` run, step by step: plain lists and one tensor, for plots and tables."""
-
-    alpha: float  # the auxiliary loss coefficient
-    num_experts: int
-    top_k: int
-    loss: list[float] = field(default_factory=list)  # next-token loss (nats/token), without the aux term
-    aux_loss: list[float] = field(default_factory=list)  # load_balancing_loss, all layers pooled (= K when even)
-    z_loss: list[float] = field(default_factory=list)
-    drop_rate: list[float] = field(default_factory=list)  # mean over layers
-    dead_experts: list[int] = field(default_factory=list)  # (layer, expert) pairs that got no token this step
-    load: torch.Tensor | None = None  # (steps, L, E): f, the share of each layer's assignments per expert
-    prob: torch.Tensor | None = None  # (steps, L, E): P, each layer's mean router probability per expert
-    seconds: float = 0.0
-    model: nn.Module | None = field(default=None, repr=False)  # the trained model, in eval mode
-    data: torch.Tensor | None = field(default=None, repr=False)  # the token stream it trained on
-    assignments: list[list[int]] = field(default_factory=list)  # per probe step: layer 0's first-choice expert
-    assignment_steps: list[int] = field(default_factory=list)  # the steps at which the probe was routed
-    tokens: list[str] | None = None  # the probe's tokens as text (when the default character data is used)
-
-    @property
-    def imbalance(self) -> list[float]:
-        """Per step: the busiest expert's load over the even share 1/E, averaged over layers (1 = even)."""
-        return (self.load.max(dim=-1).values * self.num_experts).mean(dim=-1).tolist()
-
-    @property
-    def prob_imbalance(self) -> list[float]:
-        """Per step: the largest mean router probability P_i over the even 1/E, averaged over layers.
-        The aux loss E·Σ f_i P_i equals K whenever P is flat, whatever the load f: a run can read
-        the loss's even value K with this at 1 and `imbalance` well above it. (K is the value at
-        an even routing, not a minimum: an f that avoids the likelier experts reads below it.)"""
-        return (self.prob.max(dim=-1).values * self.num_experts).mean(dim=-1).tolist()
-
-    def summary(self, last: int = 10) -> dict[str, float]:
-        """The last `last` steps, averaged: main loss, aux loss, busiest expert's load f over the even
-        share ("busiest"), largest mean probability P over the even share ("busiest_prob"), dead
-        (layer, expert) pairs per step."""
-        require_int("last", last, minimum=1)
-        if last > len(self.loss):
-            raise ValueError(f"last must be <= the {len(self.loss)} recorded steps, got {last}")
-        def mean(xs):
-            return sum(xs[-last:]) / last
-
-        return dict(main=mean(self.loss), aux=mean(self.aux_loss), busiest=mean(self.imbalance),
-                    busiest_prob=mean(self.prob_imbalance), dead=mean(self.dead_experts))
-
-    def final_load(self, last: int = 10) -> torch.Tensor:
-        """(L, E) load averaged over the last `last` steps."""
-        return self.load[-last:].mean(dim=0)
-
-
-@replayable(seeds_global_rng=True)  # it calls torch.manual_seed(seed) before any draw
-def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8, top_k: int = 2,
-                 n_layer: int = 2, n_embd: int = 64, n_head: int = 4, d_ff: int = 128, batch_size: int = 16,
-                 seq_len: int = 32, lr: float = 1e-2, z_loss: float = 0.0, capacity_factor: float | None = None,
-                 gating: str = "topk_softmax",
-                 data: torch.Tensor | None = None, vocab_size: int | None = None, seed: int = 0,
-                 on_step: Callable[[int, MoETrainRecord], None] | None = None,
-                 probe_every: int = 5) -> MoETrainRecord:
-    """Train a small MoE GPT (`moe_gpt`) on next-token prediction with loss
-    ce + alpha · load_balancing_loss + z_loss · router_z_loss, recording every step's losses and
-    per-expert load. `data` is a 1-D token stream (default: lib.corpus.facts_corpus as characters).
-
-    AdamW at a constant `lr`, seeded: the same arguments give the same record. At the defaults a
-    run took about 10 s on a shared two-core machine (one torch thread; six runs, the lesson's α
-    sweep, 74 s). `on_step(step, record)` is called after each step.
-    """
-    from lib.corpus import CharVocab, facts_corpus
-    from lib.gpt import GPTConfig, get_batch
-
-    require_real("alpha", alpha, at_least=0)
-    require_real("z_loss", z_loss, at_least=0)
-    require_int("steps", steps, minimum=1)
-    require_int("probe_every", probe_every, minimum=1)
-    vocab = None
-    if data is None:
-        text = "\n".join(facts_corpus(1000, seed=0)) + "\n"  # one corpus; `seed` varies init and batches
-        vocab = CharVocab.build(text)
-        data, vocab_size = vocab.encode(text), len(vocab)
-    require_tensor("data", data)
-    require_rank("data", data, 1, "(N,) a 1-D stream of token ids")
-    vocab_size = int(data.max()) + 1 if vocab_size is None else vocab_size
-    torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=vocab_size, block_size=seq_len, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
-    model = moe_gpt(config, num_experts, top_k, d_ff, capacity_factor=capacity_factor, gating=gating)
-    g = torch.Generator().manual_seed(seed)
-    record = MoETrainRecord(alpha=float(alpha), num_experts=num_experts, top_k=top_k, data=data)
-    probe = data[:seq_len].unsqueeze(0)  # (1, T): one fixed window, routed every `probe_every` steps
-    if vocab is not None:
-        record.tokens = list(vocab.decode(probe[0].tolist()))
-    loads, probs, parts = [], [], {}
-
-    def loss_of(model, xy):
-        _, ce = model(*xy)
-        logits = router_logits_of(model)  # L x (N, E)
-        parts.update(ce=ce, aux=load_balancing_loss(logits, top_k), z=router_z_loss(logits), logits=logits)
-        return ce + alpha * parts["aux"] + z_loss * parts["z"]
-
-    def after_step(step, _loss):
-        stats = [m.moe.last_stats for m in model.modules() if isinstance(m, MoEFeedForward)]
-        loads.append(torch.stack([s.load for s in stats]).float())  # (L, E)
-        probs.append(torch.stack([F.softmax(lg.detach(), dim=-1, dtype=_softmax_dtype(lg)).mean(dim=0)
-                                  for lg in parts["logits"]]).float())  # (L, E): P, what the aux loss sees
-        record.loss.append(parts["ce"].item())
-        record.aux_loss.append(parts["aux"].item())
-        record.z_loss.append(parts["z"].item())
-        record.drop_rate.append(sum(s.drop_rate for s in stats) / len(stats))
-        record.dead_experts.append(sum(int((s.routed == 0).sum()) for s in stats))
-        if step % probe_every == 0 or step == steps - 1:  # after the routing stats: this forward overwrites them
-            with torch.no_grad():
-                model(probe)
-            record.assignments.append(router_logits_of(model)[0].argmax(dim=-1).tolist())  # (T,) layer 0
-            record.assignment_steps.append(step)
-        if on_step is not None:
-            record.load, record.prob = torch.stack(loads), torch.stack(probs)  # (step + 1, L, E)
-            on_step(step, record)
-
-    start = time.perf_counter()
-    train(model, lambda step: get_batch(data, batch_size, seq_len, g), loss_of, steps=steps, lr=lr,
-          on_step=after_step)  # constant lr, clipped at 1.0, as the lesson's runs were made
-    record.load, record.prob = torch.stack(loads), torch.stack(probs)  # (steps, L, E)
-    record.seconds = time.perf_counter() - start
-    record.model = model
-    return record

@@ -4,7 +4,7 @@ One step: draw a batch, compute the loss, zero the gradients, backpropagate, cli
 norm, update with AdamW, advance the schedule, report. What differs between the course's models
 is passed in: where batches come from (`next_batch`), what the loss is (`loss_of`), the schedule
 and the optimiser's settings. `lib.gpt.train_gpt`, `lib.tasks.train_on_task`, `lib.bert.train_mlm`
-and `lib.moe.train_moe_lm` are this loop with their model's batches and loss.
+and `lib.moe_lm.train_moe_lm` are this loop with their model's batches and loss.
 
     train           the loop; returns every step's loss
     warmup_cosine   linear warm-up, then cosine decay to 10% of the peak (nanoGPT's schedule)

@@ -191,7 +191,7 @@ def _ssm_state_animator():
 def _moe_runs():
     """Two small MoE language models (8 experts, top-2), without and with a strong balance loss,
     80 steps each (lesson 07 sweeps six α for 150 steps)."""
-    from lib.moe import train_moe_lm
+    from lib.moe_lm import train_moe_lm
 
     with _torch_threads(1), default_dtype(torch.float64):  # the same trained models on every CPU
         records = {alpha: train_moe_lm(alpha, steps=80, seed=0) for alpha in (0.0, 1.0)}

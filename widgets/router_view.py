@@ -1,7 +1,7 @@
 """Router view: where a mixture-of-experts router sends its tokens, and how the per-expert load
 moves over training, for runs that differ by the load-balancing coefficient α (lesson 07).
 
-The widget draws numbers; it computes none. The lesson trains with `lib.moe.train_moe_lm` and
+The widget draws numbers; it computes none. The lesson trains with `lib.moe_lm.train_moe_lm` and
 passes each run's record as plain data (or the record itself: anything with the same attributes):
 
     runs = {"α = 0": {"load": rec0.load, "loss": rec0.loss, "aux_loss": rec0.aux_loss},
@@ -42,7 +42,7 @@ RECORD_KEYS = ("load", "loss", "aux_loss", "assignments", "assignment_steps", "t
 
 
 def _as_record(name: str, run) -> dict:
-    """A mapping, or a record object with the same attributes (e.g. lib.moe.MoETrainRecord)."""
+    """A mapping, or a record object with the same attributes (e.g. lib.moe_lm.MoETrainRecord)."""
     if isinstance(run, Mapping):
         return dict(run)
     if hasattr(run, "load"):
@@ -360,7 +360,7 @@ def balance_figure(curves: Mapping[str, Mapping], *, title: str | None = None) -
 
     curves: label -> {"steps": (n,), "busiest": (n,), "busiest_prob": (n,)}, each value >= 1
     (a maximum over E shares that sum to 1 is at least 1/E; 1 = even). A run may be given as its
-    record (lib.moe.MoETrainRecord: `imbalance` and `prob_imbalance` are used, every step)."""
+    record (lib.moe_lm.MoETrainRecord: `imbalance` and `prob_imbalance` are used, every step)."""
     if not isinstance(curves, Mapping) or not curves:
         raise ValueError("curves must be a non-empty mapping label -> {'steps', 'busiest', 'busiest_prob'}")
     checked = {}

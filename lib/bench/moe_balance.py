@@ -7,7 +7,7 @@ speaks of, over several seeds.
 Lesson 07 trains one run per α, on one seed, for as many steps as its budget allows (`LESSON`).
 The article's claims are about 500 steps ("α < 1e-3 collapses within 500 steps"; "α > 1e-1 forces
 uniform routing"), and a router's balance differs from seed to seed. This command trains every
-run the lesson trains, built and trained as the lesson does (`lib.moe.train_moe_lm`, float64, one
+run the lesson trains, built and trained as the lesson does (`lib.moe_lm.train_moe_lm`, float64, one
 thread), for each α in `ALPHAS` and each seed in `SEEDS`, for `STEPS` steps, and records for each
 run what the lesson's tables show (`MoETrainRecord.summary`, the last 10 steps averaged) at the
 lesson's length and at the end, with the busiest expert's load f and the largest mean router
@@ -46,7 +46,7 @@ def collapsed(summary: dict) -> bool:
 
 def train_one(alpha: float, seed: int, steps: int = STEPS, *, lesson_steps: int = LESSON_STEPS, **kwargs) -> dict:
     """One run, trained as lesson 07 trains it (float64), summarised at `lesson_steps` and at the end."""
-    from lib.moe import train_moe_lm
+    from lib.moe_lm import train_moe_lm
     from lib.precision import default_dtype
 
     require_int("steps", steps, minimum=10)
@@ -101,7 +101,7 @@ def run(alphas=ALPHAS, seeds=SEEDS, steps: int = STEPS, *, threads: int | None =
                     progress(f"α = {alpha:g}, seed {seed}: busiest f {end['busiest']:.2f}x even, largest P "
                              f"{end['busiest_prob']:.2f}x, dead {end['dead']:.1f} ({results[-1]['seconds']:.0f} s)")
     return {
-        "benchmark": "router balance of lesson 07's MoE language models over α and seeds (lib.moe.train_moe_lm, "
+        "benchmark": "router balance of lesson 07's MoE language models over α and seeds (lib.moe_lm.train_moe_lm, "
                      "float64): the last 10 steps averaged at the lesson's length and at the end",
         "alphas": list(alphas),
         "seeds": list(seeds),

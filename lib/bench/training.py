@@ -7,7 +7,7 @@ Each model is built as its lesson builds it, at the lesson's default size, batch
 
     lesson 03  the character GPT (2 layers, width 96, context 64), batch 24, float64
     lesson 06  the selective-copying Mamba (2 layers, width 32, 68-token sequences), batch 32, float64
-    lesson 07  the MoE GPT of `lib.moe.train_moe_lm` (8 experts, top-2), batch 16 x 32, float32
+    lesson 07  the MoE GPT of `lib.moe_lm.train_moe_lm` (8 experts, top-2), batch 16 x 32, float32
     lesson 08  the four models of `lib.compare.build_models("default")` (GPT, Mamba, MoE GPT,
                hybrid) on its recall mix, batch 16, float64
 
@@ -153,7 +153,7 @@ def lesson_cases(lesson: str, *, batches: int = 8, seed: int = 0) -> tuple[dict,
         return {"Mamba": model}, _task_batches(task, LESSON["batch_size"], batches, seed)
     if lesson == "07":
         from lib.gpt import GPTConfig
-        from lib.moe import moe_gpt
+        from lib.moe_lm import moe_gpt
 
         vocab_size, data = _char_batches(16, 32, batches, seed)
         config = GPTConfig(vocab_size=vocab_size, block_size=32, n_layer=2, n_head=4, n_embd=64)

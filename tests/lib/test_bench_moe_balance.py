@@ -8,7 +8,7 @@ import torch
 
 import lib.bench.moe_balance as mb
 from lib.bench.moe_balance import COLLAPSE_BUSIEST, collapsed, run, train_one
-from lib.moe import train_moe_lm
+from lib.moe_lm import train_moe_lm
 from lib.precision import default_dtype
 
 TINY = dict(n_layer=1, n_embd=16, n_head=2, d_ff=16, num_experts=4, batch_size=2, seq_len=8)

@@ -48,7 +48,7 @@ def test_build_model_builds_one_of_the_four_with_the_same_weights():
 
 
 def test_active_parameters_count_k_of_e_experts():
-    from lib.moe import moe_gpt
+    from lib.moe_lm import moe_gpt
     config = GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8)
     m = moe_gpt(config, num_experts=4, top_k=1, d_ff=16)
     expert = 2 * 8 * 16

@@ -10,7 +10,7 @@ from lib.gpt import GPT, GPTConfig
 from lib.hybrid import HybridGPT
 from lib.kv_cache import KVCache
 from lib.mamba import MambaConfig, MambaLM, state_bytes
-from lib.moe import moe_gpt
+from lib.moe_lm import moe_gpt
 from lib.precision import default_dtype
 
 

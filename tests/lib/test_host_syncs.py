@@ -16,7 +16,7 @@ from lib.decode import generate
 from lib.gpt import GPT, GPTConfig
 from lib.hybrid import HybridGPT
 from lib.mamba import MambaConfig, MambaLM
-from lib.moe import moe_gpt
+from lib.moe_lm import moe_gpt
 
 SYNCS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__")
 

@@ -8,7 +8,7 @@ import torch
 import lib.gpt
 from lib.gpt import GPT, GPTConfig, train_gpt
 from lib.precision import default_dtype
-from lib.moe import moe_gpt, router_logits_of, train_moe_lm
+from lib.moe_lm import moe_gpt, router_logits_of, train_moe_lm
 from lib.tasks import SelectiveCopying, train_on_task
 from lib.training_cache import ENV_DIR, ENV_MODE, Unfingerprintable, cache_dir, run_key
 

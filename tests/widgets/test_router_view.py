@@ -123,7 +123,7 @@ def test_torch_tensors_and_record_objects_are_accepted():
                                "assignments": torch.randint(0, 4, (2, 9)), "assignment_steps": torch.tensor([0, 3])}},
                         step=4, animate=False)
     assert np.allclose(fig.data[0].y, load[4, 0].numpy(), rtol=1e-3)
-    # a record with these attributes (as lib.moe.MoETrainRecord has) is read by attribute
+    # a record with these attributes (as lib.moe_lm.MoETrainRecord has) is read by attribute
     record = SimpleNamespace(load=load, loss=loss.tolist(), aux_loss=aux.tolist(), drop_rate=[0.0] * 6, alpha=0.01)
     fig = router_figure({"α = 0.01": record}, layer=1, step=2, animate=False)
     assert np.allclose(fig.data[0].y, load[2, 1].numpy(), rtol=1e-3)
