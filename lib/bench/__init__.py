@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["BENCHMARKS", "busy_machine", "cpu_name", "device_name", "load_average", "load_record", "machine_record",
-           "torch_threads"]
+           "today", "torch_threads", "write_record"]
 
 # The committed benchmark records (generated JSON files; tools/gpu_checks.sh writes the GPU ones).
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -37,6 +37,21 @@ def load_record(name: str) -> dict | None:
         raise ValueError(f"name must be a record's file name without .json, like 'attention_gpu', got {name!r}")
     path = BENCHMARKS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_record(record: dict, path: Path, *, indent: int = 2) -> Path:
+    """Write a benchmark record as JSON to `path` (its folder made if missing); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=indent) + "\n")
+    return path
+
+
+def today() -> str:
+    """The UTC date a record was made, as YYYY-MM-DD."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
 def cpu_name() -> str:

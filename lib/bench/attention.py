@@ -19,15 +19,13 @@ interpreter, which checks correctness, not speed, so it is left out of the timin
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from lib.attention import attention
-from lib.bench import device_name, load_average, machine_record
+from lib.bench import device_name, load_average, machine_record, today, write_record
 from lib.bench.timer import seconds
 
 GPU_SEQ = (512, 2048, 4096, 8192)
@@ -223,7 +221,7 @@ def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int 
         "device": device_name(device), "triton": _triton_version(),
         "machine": machine_record(device_name(device), torch.get_num_threads(), load + load_average(),
                                   "load_average_1min_at_start_and_end"),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": today(),
         "rows": rows,
         "generated_by": "python -m lib.bench.attention",
     }
@@ -264,8 +262,7 @@ def main(argv=None) -> None:
     results = run(args.seq, layers=args.layers, repeats=args.repeats)
     print(markdown(results))
     out = args.out or Path("benchmarks") / f"attention_{'cpu' if results['scaled_down'] else 'gpu'}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_record(results, out)
     print(f"\nwrote {out}")
 
 

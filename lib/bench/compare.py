@@ -20,17 +20,15 @@ command, `python -m lib.compare`.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from lib._checks import require_int
-from lib.bench import BENCHMARKS, cpu_name, load_average, load_record, machine_record
+from lib.bench import BENCHMARKS, cpu_name, load_average, load_record, machine_record, today, write_record
 from lib.bench.timer import seconds
 from lib.compare import (ARCHITECTURES, DECODE_TOKENS, SETTINGS, SWEEPS, MixedTask, Setting, get_setting, accuracy_grid,
                          build_model, build_models, copy_task, expert_scaling, forward_flops, parameter_table,
@@ -249,13 +247,13 @@ def _write_record(name: str, jobs: int, timing: bool, out: Path | None) -> Path:
     result["generated_by"] = "python -m lib.bench.compare"
     result["machine"] = machine_record(cpu_name(), 1, load_average(),
                                        f"load_average_1min_at_end ({jobs} processes of 1 thread)")
-    result["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    result["date"] = today()
     result["note"] = ("generated file: rerun the command to update it, do not edit by hand. float32 training "
                       "in separate processes: the same machine gives the same numbers; another CPU's rounding can "
                       "change a seed's path (a later or earlier end of recall's first phase)")
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
     out = out or BENCHMARKS / f"compare_{name}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_record(result, out, indent=1)
     print(f"wrote {out} in {result['wall_seconds']} s")
     return out
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from lib.bench import BENCHMARKS, device_name, load_average, machine_record
+from lib.bench import BENCHMARKS, device_name, load_average, machine_record, today, write_record
 from lib.bench.timer import side_by_side
 from lib.decode import generate
 from lib.gpt import GPT, GPTConfig
@@ -56,12 +55,11 @@ def main(argv=None) -> None:
         "speedup_cached_over_uncached": round(median["uncached"] / median["cached"], 2),
         "machine": machine_record(device_name(device), torch.get_num_threads(), load,
                                   "load_average_1min_at_start_and_end"),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": today(),
         "generated_by": "python -m lib.bench.kv_cache",
     }
     out = args.out or BENCHMARKS / f"kv_cache_{device.type}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(result, out)
     print(json.dumps(result, indent=2))
 
 

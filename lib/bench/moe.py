@@ -21,14 +21,12 @@ times include a second forward, a slip this module no longer makes.)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from lib.bench import BENCHMARKS, device_name, load_average, machine_record, torch_threads
+from lib.bench import BENCHMARKS, device_name, load_average, machine_record, today, torch_threads, write_record
 from lib.bench.timer import side_by_side
 from lib.moe import MoE
 
@@ -111,12 +109,11 @@ def main(argv=None) -> None:
         "results": results,
         "machine": machine_record(device_name(device), args.threads, load,
                                   "load_average_1min_at_start_and_after_each_thread_count"),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": today(),
         "generated_by": "python -m lib.bench.moe",
     }
     out = args.out or BENCHMARKS / f"moe_{device.type}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(result, out)
 
     print("| threads | setting | tokens | E | K | d_model | d_ff | pass | loop ms | grouped ms | experts alone ms "
           "| loop / grouped | loop / grouped (min) |")

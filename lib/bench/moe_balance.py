@@ -17,14 +17,13 @@ probability P over training (every 10 steps), and the machine. A few minutes on 
 from __future__ import annotations
 
 import argparse
-import json
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from lib._checks import require_int
-from lib.bench import BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, torch_threads
+from lib.bench import (BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, today, torch_threads,
+                       write_record)
 
 __all__ = ["ALPHAS", "COLLAPSE_BUSIEST", "CURVE_EVERY", "LESSON_STEPS", "SEEDS", "STEPS", "collapsed", "run",
            "train_one"]
@@ -111,7 +110,7 @@ def run(alphas=ALPHAS, seeds=SEEDS, steps: int = STEPS, *, threads: int | None =
         "results": results,
         "machine": machine_record(cpu_name(), used, load, "load_average_1min_at_start_and_after_each_run"),
         "busy_machine": busy_machine(load),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": today(),
         "generated_by": "python -m lib.bench.moe_balance",
         "note": "generated file: rerun python -m lib.bench.moe_balance to update it, do not edit by hand. "
                 "float64 training: a rerun on the same machine gives the same numbers, and other CPUs agree except "
@@ -129,7 +128,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     record = run(ALPHAS, args.seeds, args.steps, threads=args.threads)
     out = args.out or BENCHMARKS / "moe_balance_cpu.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(record, out)
     print(f"wrote {out}")
 
 

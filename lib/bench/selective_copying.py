@@ -22,15 +22,14 @@ and seconds, with the machine. Tens of minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from lib._checks import require_int
-from lib.bench import BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, torch_threads
+from lib.bench import (BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, today, torch_threads,
+                       write_record)
 from lib.bench.timer import seconds as timed
 
 __all__ = ["LESSON", "LONG_STEPS", "SEEDS", "SHORTER_BLANKS", "CopyRun", "build", "run", "runs", "train_one"]
@@ -133,7 +132,7 @@ def run(seeds=SEEDS, *, threads: int | None = 2, progress=print) -> dict:
         "scan_kernel": cpu_kernel_status(),
         "machine": machine_record(cpu_name(), used, load, "load_average_1min_at_start_and_after_each_run"),
         "busy_machine": busy_machine(load),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": today(),
         "generated_by": "python -m lib.bench.selective_copying",
         "note": "generated file: rerun python -m lib.bench.selective_copying to update it, do not edit by hand. "
                 "Accuracies come from float64 training: a rerun on the same machine gives the same ones, another "
@@ -150,7 +149,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     record = run(args.seeds, threads=args.threads)
     out = args.out or BENCHMARKS / "selective_copying_cpu.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(record, out)
     print(f"wrote {out}")
 
 

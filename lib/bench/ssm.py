@@ -24,17 +24,16 @@ before this module existed name its former path, tools/bench_ssm.py.)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from lib.bench import BENCHMARKS, busy_machine, device_name, load_average, machine_record, torch_threads
+from lib.bench import (BENCHMARKS, busy_machine, device_name, load_average, machine_record, today,
+                       torch_threads, write_record)
 from lib.bench.timer import side_by_side
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
 from lib.scan import default_chunk_size, selective_scan, selective_scan_cpu, selective_scan_ref
@@ -162,7 +161,7 @@ def main(argv=None) -> None:
         "machine": machine_record(device_name(device), args.threads,
                                   load, "load_average_1min_at_start_and_after_each_thread_count"),
         "busy_machine": busy_machine(load),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": today(),
         "generated_by": "python -m lib.bench.ssm",
         "note": "generated file: rerun python -m lib.bench.ssm to update it, do not edit by hand. A load average "
                 "above the core count means other processes shared the CPU: multi-threaded timings then "
@@ -188,8 +187,7 @@ def main(argv=None) -> None:
         print(f"\nwarning: the 1-minute load average reached {max(load):.1f} on {os.cpu_count()} cores: other "
               "processes shared the CPU, and multi-threaded timings are unreliable")
     out = args.out or BENCHMARKS / f"ssm_{device.type}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(result, out)
     print(f"\nwrote {out}")
 
 

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -40,7 +38,8 @@ from typing import Callable
 import torch
 
 from lib._checks import require_int
-from lib.bench import BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, torch_threads
+from lib.bench import (BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, today, torch_threads,
+                       write_record)
 from lib.bench.timer import seconds as timed
 
 __all__ = ["LESSONS", "lesson_cases", "relative_step_times", "run", "training_throughput"]
@@ -201,7 +200,7 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
         "scan_kernel": cpu_kernel_status(),
         "machine": machine_record(cpu_name(), used, load, "load_average_1min_at_start_and_after_each_lesson"),
         "busy_machine": busy_machine(load),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "date": today(),
         "generated_by": "python -m lib.bench.training",
         "note": "generated file: rerun python -m lib.bench.training to update it, do not edit by hand. A load "
                 "average above the core count means other processes shared the CPU.",
@@ -232,7 +231,7 @@ def main(argv=None) -> None:
     if record["busy_machine"]:
         print("\nwarning: the load average exceeded the core count: other processes shared the CPU")
     out = args.out or BENCHMARKS / "training_cpu.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(record, out)
     print(f"\nwrote {out}")
 
 
