@@ -209,6 +209,8 @@ class Block(nn.Module):
         self.attn = attn if attn is not None else CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = mlp if mlp is not None else MLP(config)
+        # the parts it was given: they keep the initialisation they came with (GPT's init skips them)
+        self.injected = tuple(name for name, part in (("attn", attn), ("mlp", mlp)) if part is not None)
 
     def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0, rope=None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -241,12 +243,28 @@ class GPT(nn.Module):
             cos, sin = rope_cos_sin(config.block_size, config.head_dim, base=config.rope_base)  # (T_max, D) each
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        self.apply(self._init_weights)
-        # GPT-2's scaled init: each residual branch's output projection gets std 0.02 / sqrt(2L),
-        # so the residual stream's variance does not grow with depth.
+        # GPT-2's init, on what this class built: normal(0, 0.02) weights and zero biases, then each
+        # residual branch's output projection at std 0.02 / sqrt(2L), so the residual stream's
+        # variance does not grow with depth. Parts a `make_block` injected (an MoE, a Mamba mixer)
+        # keep their own init. (The same order as `self.apply`, so a plain GPT draws the same numbers.)
+        injected = {f"transformer.h.{i}." + (f"{part}." if isinstance(block, Block) else ""): None
+                    for i, block in enumerate(self.transformer.h)
+                    for part in (block.injected if isinstance(block, Block) else ("",))}
+        own = [name for name, _ in self.named_modules() if not name.startswith(tuple(injected))]
+        self._init_modules(self, "", set(own))
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+            if name.endswith("c_proj.weight") and not name.startswith(tuple(injected)):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @classmethod
+    def _init_modules(cls, module: nn.Module, name: str, own: set[str]) -> None:
+        """`_init_weights` on `module` and its submodules named in `own`, children first (nn.Module.apply's order)."""
+        for child_name, child in module.named_children():
+            full = f"{name}.{child_name}" if name else child_name
+            if full in own:
+                cls._init_modules(child, full, own)
+        if name in own:
+            cls._init_weights(module)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

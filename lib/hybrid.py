@@ -53,12 +53,7 @@ class HybridGPT(GPT):
         def make_block(cfg: GPTConfig, i: int) -> Block:
             return Block(cfg, attn=MambaMixer(mamba)) if pattern[i] == "M" else Block(cfg)
 
-        super().__init__(config, make_block=make_block)
-        # GPT's init (normal 0.02 weights, zero biases) just overwrote the mixers' own: Mamba's Δ
-        # bias (dt_proj, softplus⁻¹ of a log-uniform step) and A_log. Fresh mixers get them back.
-        for kind, block in zip(pattern, self.transformer.h):
-            if kind == "M":
-                block.attn = MambaMixer(mamba)
+        super().__init__(config, make_block=make_block)  # the mixers keep Mamba's own init (Δ bias, A_log)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 attention_mask: torch.Tensor | None = None, caches=None, start: int = 0):

@@ -55,3 +55,18 @@ def test_moe_gpt_refuses_bad_sizes_without_touching_the_random_state():
     with pytest.raises(ValueError, match="top_k must be <= num_experts=4"):
         moe_gpt(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16), num_experts=4, top_k=5)
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_moe_gpt_keeps_each_parts_own_init():
+    """GPT's init touches only what GPT builds: the router keeps MoE's own nn.Linear init,
+    U(±1/√C) (std 1/√(3C) = 0.072 at C = 64), not GPT-2's normal(0, 0.02), and the attention
+    keeps GPT-2's."""
+    torch.manual_seed(0)
+    C = 64
+    model = moe_gpt(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=C), num_experts=8, top_k=2)
+    bound = 1 / math.sqrt(C)
+    for block in model.transformer.h:
+        router = block.mlp.moe.router.weight.detach()  # (8, 64): 512 draws, the std within 10% of its value
+        assert float(router.abs().max()) <= bound
+        assert abs(float(router.std()) - bound / math.sqrt(3)) < 0.1 * bound / math.sqrt(3)
+        assert abs(float(block.attn.c_attn.weight.detach().std()) - 0.02) < 0.002  # 24,576 draws of GPT-2's init
