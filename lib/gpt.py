@@ -20,8 +20,8 @@ Attention comes two ways, equal in output (lesson 03 asserts it):
                                  nanoGPT do this; OpenAI's TensorFlow code built it on the fly)
     any lib.attention backend    ("auto" = SDPA with is_causal=True, "naive", "chunked", ...)
 
-Also here: `clm_loss` (the next-token loss with its one-position shift), `get_batch`,
-`train_gpt` and `evaluate_loss`. A GPT is a `lib.decode.Decoder`: `new_caches` gives each layer
+Also here: `clm_loss` (the next-token loss with its one-position shift) and `forward_flops`;
+training is `lib.train.train_lm`. A GPT is a `lib.decode.Decoder`: `new_caches` gives each layer
 a KV cache (lib.kv_cache) and `forward` takes them, so `lib.decode.generate` samples from it
 (greedy, temperature, top-k, top-p). Hugging Face stores GPT-2's projections as `Conv1D`, whose weight
 is the transpose of `nn.Linear`'s; `load_checkpoint` transposes them.
@@ -46,11 +46,8 @@ from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
 from lib.masks import padding_mask
 from lib.rope import apply_rope, rope_cos_sin
-from lib.train import train, warmup_cosine
-from lib.training_cache import replayable
 
-__all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "evaluate_loss", "forward_flops",
-           "get_batch", "train_gpt"]
+__all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "forward_flops"]
 
 POSITIONS = ("learned", "rope")
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF name -> F.gelu approximate
@@ -426,57 +423,6 @@ def clm_loss(logits: torch.Tensor, idx: torch.Tensor, ignore_index: int = -100) 
     pred = logits[:, :-1].reshape(-1, V)  # (B, T-1, V) -> (B(T-1), V): predictions for positions 1..T-1
     target = idx[:, 1:].reshape(-1)  # (B(T-1),): the tokens that actually came next
     return F.cross_entropy(pred, target, ignore_index=ignore_index)
-
-
-# --------------------------------------------------------------------------- training
-def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator | None = None):
-    """Random windows of a 1-D token stream: x (B, T) and y (B, T) = x shifted by one."""
-    require_tensor("data", data)
-    require_rank("data", data, 1, "(N,) a 1-D stream of token ids")
-    require_int("batch_size", batch_size, minimum=1)
-    require_int("seq_len", seq_len, minimum=1)
-    if len(data) < seq_len + 1:
-        raise ValueError(f"data must hold more than seq_len={seq_len} tokens, got {len(data)}")
-    starts = torch.randint(len(data) - seq_len, (batch_size,), generator=generator)
-    offsets = torch.arange(seq_len)
-    x = data[starts[:, None] + offsets]  # (B, T)
-    y = data[starts[:, None] + offsets + 1]  # (B, T): the next token at every position
-    return x, y
-
-
-@replayable
-def train_gpt(model: GPT, data: torch.Tensor, *, steps: int = 500, batch_size: int = 32, seq_len: int | None = None,
-              lr: float = 3e-3, weight_decay: float = 0.1, warmup: int | None = None, seed: int = 0,
-              on_step=None) -> list[float]:
-    """Next-token training on random windows of `data` (a 1-D token stream), by `lib.train.train`.
-
-    AdamW on the parameters that require grad (so a LoRA-wrapped model trains only its adapters),
-    linear warm-up over `warmup` steps (default 5%), then cosine decay to 10% of `lr`.
-    `on_step(step, loss)` is called after each step. Returns every step's loss.
-    """
-    require_int("steps", steps, minimum=1)
-    seq_len = model.config.block_size if seq_len is None else seq_len
-    g = torch.Generator().manual_seed(seed)
-    warmup = max(1, steps // 20) if warmup is None else warmup
-    return train(model, lambda step: get_batch(data, batch_size, seq_len, g), lambda model, xy: model(*xy)[1],
-                 steps=steps, lr=lr, weight_decay=weight_decay, schedule=warmup_cosine(steps, warmup), on_step=on_step)
-
-
-@torch.no_grad()
-def evaluate_loss(model: GPT, data: torch.Tensor, *, batches: int = 8, batch_size: int = 32,
-                  seq_len: int | None = None, seed: int = 1234) -> float:
-    """Mean next-token loss (nats per token) on `batches` seeded random windows of `data`."""
-    require_int("batches", batches, minimum=1)
-    seq_len = model.config.block_size if seq_len is None else seq_len
-    g = torch.Generator().manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    for _ in range(batches):
-        x, y = get_batch(data, batch_size, seq_len, g)
-        total += model(x, y)[1].item()
-    model.train(was_training)
-    return total / batches
 
 
 # --------------------------------------------------------------------------- cost

@@ -10,7 +10,7 @@ Follows Mamba (Gu & Dao 2023, arXiv 2312.00752): §3.2 and Algorithm 2 for the s
     MambaMixer     in_proj to x and the gate z, causal conv + SiLU, SelectiveSSM, gate, out_proj
     MambaBlock     x + mixer(norm(x))
     MambaLM        embedding -> n_layers × MambaBlock -> norm -> tied head, with `forward(idx,
-                   targets)` like `lib.gpt.GPT` (so `lib.gpt.train_gpt` trains it); a
+                   targets)` like `lib.gpt.GPT` (so `lib.train.train_lm` trains it); a
                    `lib.decode.Decoder`: `new_caches` gives each layer a `MixerCache` (the conv's
                    last K − 1 inputs and the SSM state, one size at every position), `forward`
                    takes them, and `lib.decode.generate` samples from it

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 from lib._checks import require_int, require_rank, require_real, require_tensor
 from lib.corpus import CharVocab, facts_corpus
-from lib.gpt import GPT, Block, GPTConfig, get_batch
+from lib.gpt import GPT, Block, GPTConfig
 from lib.moe import MoE, check_layer_args, load_balancing_loss, router_z_loss
-from lib.train import train
+from lib.train import get_batch, train
 from lib.training_cache import replayable
 
 __all__ = ["MoEFeedForward", "MoETrainRecord", "moe_gpt", "router_logits_of", "train_moe_lm"]

@@ -3,12 +3,15 @@
 One step: draw a batch, compute the loss, zero the gradients, backpropagate, clip the gradient
 norm, update with AdamW, advance the schedule, report. What differs between the course's models
 is passed in: where batches come from (`next_batch`), what the loss is (`loss_of`), the schedule
-and the optimiser's settings. `lib.gpt.train_gpt`, `lib.tasks.train_on_task`, `lib.bert.train_mlm`
+and the optimiser's settings. `train_lm` below, `lib.tasks.train_on_task`, `lib.bert.train_mlm`
 and `lib.moe_lm.train_moe_lm` are this loop with their model's batches and loss.
 
     train           the loop; returns every step's loss
     warmup_cosine   linear warm-up, then cosine decay to 10% of the peak (nanoGPT's schedule)
     warmup_linear   linear warm-up, then linear decay to 0 (BERT's schedule)
+    get_batch       random windows of a token stream and their next tokens
+    train_lm        next-token training of a causal language model (GPT, Mamba, the hybrid)
+    evaluate_loss   its mean next-token loss on seeded windows
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from typing import Callable
 
 import torch
 
-from lib._checks import require_int, require_real
+from lib._checks import require_int, require_rank, require_real, require_tensor
+from lib.training_cache import replayable
 
-__all__ = ["train", "warmup_cosine", "warmup_linear"]
+__all__ = ["evaluate_loss", "get_batch", "train", "train_lm", "warmup_cosine", "warmup_linear"]
 
 
 def warmup_cosine(steps: int, warmup: int) -> Callable[[int], float]:
@@ -84,3 +88,56 @@ def train(model: torch.nn.Module, next_batch: Callable, loss_of: Callable, *, st
             on_step(step, losses[-1])
     model.eval()
     return losses
+
+
+# --------------------------------------------------------------------------- the language-model recipe
+def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator | None = None):
+    """Random windows of a 1-D token stream: x (B, T) and y (B, T) = x shifted by one."""
+    require_tensor("data", data)
+    require_rank("data", data, 1, "(N,) a 1-D stream of token ids")
+    require_int("batch_size", batch_size, minimum=1)
+    require_int("seq_len", seq_len, minimum=1)
+    if len(data) < seq_len + 1:
+        raise ValueError(f"data must hold more than seq_len={seq_len} tokens, got {len(data)}")
+    starts = torch.randint(len(data) - seq_len, (batch_size,), generator=generator)
+    offsets = torch.arange(seq_len)
+    x = data[starts[:, None] + offsets]  # (B, T)
+    y = data[starts[:, None] + offsets + 1]  # (B, T): the next token at every position
+    return x, y
+
+
+@replayable
+def train_lm(model: torch.nn.Module, data: torch.Tensor, *, steps: int = 500, batch_size: int = 32, seq_len: int | None = None,
+              lr: float = 3e-3, weight_decay: float = 0.1, warmup: int | None = None, seed: int = 0,
+              on_step=None) -> list[float]:
+    """Next-token training on random windows of `data` (a 1-D token stream), by `train`: any model
+    whose `forward(idx, targets)` returns (logits, loss) (GPT, MambaLM, the hybrid) and whose
+    `config.block_size` gives the default window (or pass `seq_len`).
+
+    AdamW on the parameters that require grad (so a LoRA-wrapped model trains only its adapters),
+    linear warm-up over `warmup` steps (default 5%), then cosine decay to 10% of `lr`.
+    `on_step(step, loss)` is called after each step. Returns every step's loss.
+    """
+    require_int("steps", steps, minimum=1)
+    seq_len = model.config.block_size if seq_len is None else seq_len
+    g = torch.Generator().manual_seed(seed)
+    warmup = max(1, steps // 20) if warmup is None else warmup
+    return train(model, lambda step: get_batch(data, batch_size, seq_len, g), lambda model, xy: model(*xy)[1],
+                 steps=steps, lr=lr, weight_decay=weight_decay, schedule=warmup_cosine(steps, warmup), on_step=on_step)
+
+
+@torch.no_grad()
+def evaluate_loss(model: torch.nn.Module, data: torch.Tensor, *, batches: int = 8, batch_size: int = 32,
+                  seq_len: int | None = None, seed: int = 1234) -> float:
+    """Mean next-token loss (nats per token) on `batches` seeded random windows of `data`."""
+    require_int("batches", batches, minimum=1)
+    seq_len = model.config.block_size if seq_len is None else seq_len
+    g = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for _ in range(batches):
+        x, y = get_batch(data, batch_size, seq_len, g)
+        total += model(x, y)[1].item()
+    model.train(was_training)
+    return total / batches

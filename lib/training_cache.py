@@ -3,7 +3,7 @@
 On a CPU, training is a deterministic function of its inputs: the same model (every weight and
 buffer, every module's settings, the code of its classes), the same data and arguments, the same
 global random state, and the same torch build, numerics and thread count give the same trained
-weights, bit for bit. `replayable` wraps a training function (`lib.gpt.train_gpt`,
+weights, bit for bit. `replayable` wraps a training function (`lib.train.train_lm`,
 `lib.tasks.train_on_task`, `lib.bert.train_mlm`, `lib.moe_lm.train_moe_lm`) so that a run made once
 can be replayed instead of repeated:
 

@@ -103,14 +103,15 @@ def _mlm_corruption():
 def _char_gpt():
     """A 2-layer character GPT on the facts corpus, 200 steps (lesson 03 trains a wider one longer)."""
     from lib.corpus import CharVocab, facts_corpus
-    from lib.gpt import GPT, GPTConfig, train_gpt
+    from lib.gpt import GPT, GPTConfig
+    from lib.train import train_lm
 
     text = "\n".join(facts_corpus(2000, seed=0)) + "\n"
     vocab = CharVocab.build(text)
     with _torch_threads(1), default_dtype(torch.float64):  # the same trained model on every CPU
         torch.manual_seed(0)
         gpt = GPT(GPTConfig.tiny(vocab_size=len(vocab), n_layer=2, n_embd=64, block_size=32))
-        train_gpt(gpt, vocab.encode(text), steps=200, batch_size=16, lr=6e-3, seed=0)
+        train_lm(gpt, vocab.encode(text), steps=200, batch_size=16, lr=6e-3, seed=0)
     return gpt, vocab
 
 
@@ -233,8 +234,8 @@ GALLERY: dict[str, Exhibit] = {e.name: e for e in (
             "and blanks move its state differently; the fixed model treats every token alike.",
             _ssm_state_animator),
     Exhibit("router_animator", "The router animator: experts' load over training", "07-moe",
-            "With α = 1 the auxiliary loss falls to its floor K = 2 within a few dozen steps, while "
-            "without it (α = 0) it stays well above; yet in both runs the busiest expert still takes about "
+            "With α = 1 the auxiliary loss comes down close to its floor K = 2, while "
+            "without it (α = 0) it stays higher; yet in both runs the busiest expert still takes about "
             "twice the even share 1/E (the dashed line): the router's probabilities flatten before its "
             "choices do.", _router_animator),
 )}

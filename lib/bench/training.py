@@ -116,7 +116,7 @@ def relative_step_times(timed: dict[str, dict], base: str) -> dict[str, float]:
 # --------------------------------------------------------------------------- the lessons' models
 def _char_batches(batch_size: int, seq_len: int, count: int, seed: int):
     from lib.corpus import CharVocab, facts_corpus
-    from lib.gpt import get_batch
+    from lib.train import get_batch
 
     text = "\n".join(facts_corpus(1000, seed=0)) + "\n"
     vocab = CharVocab.build(text)

@@ -8,7 +8,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
 from lib.decode import generate
-from lib.gpt import GPT, Block, GPTConfig, clm_loss, evaluate_loss, get_batch, train_gpt
+from lib.gpt import GPT, Block, GPTConfig, clm_loss
+from lib.train import evaluate_loss, get_batch, train_lm
 from lib.kv_cache import KVCache
 
 hf_logging.set_verbosity_error()  # a tiny vocabulary makes HF warn that GPT-2's bos/eos ids are out of range
@@ -170,7 +171,7 @@ def test_training_learns_a_deterministic_sequence():
     torch.manual_seed(0)
     model = GPT(GPTConfig.tiny(vocab_size=13, block_size=16, n_layer=2, n_embd=32))
     before = evaluate_loss(model, data, batch_size=8)
-    losses = train_gpt(model, data, steps=60, batch_size=16, lr=1e-2, seed=0)
+    losses = train_lm(model, data, steps=60, batch_size=16, lr=1e-2, seed=0)
     after = evaluate_loss(model, data, batch_size=8)
     assert len(losses) == 60 and not model.training
     assert before > 2.0 and after < 0.1  # ln 13 = 2.56 at chance; a learned cycle is near 0
@@ -418,7 +419,7 @@ def test_cached_generate_decodes_one_token_per_step_at_the_next_position(padded)
     assert torch.equal(cached, recomputed) and cached.shape == (3, 11)
 
 
-@pytest.mark.parametrize("loop", ["train_gpt", "train_on_task"])
+@pytest.mark.parametrize("loop", ["train_lm", "train_on_task"])
 def test_foreach_adamw_trains_the_same_bits_as_the_per_tensor_loop(loop, monkeypatch):
     """The training loops run AdamW's for-each implementation on a CPU too (PyTorch's default
     there is a Python loop over the tensors, slow for models of many small tensors): it must not
@@ -433,10 +434,10 @@ def test_foreach_adamw_trains_the_same_bits_as_the_per_tensor_loop(loop, monkeyp
         """(initial, trained) weights of one seeded run, with AdamW's foreach forced."""
         monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **k: real(*a, **{**k, "foreach": foreach}))
         torch.manual_seed(0)
-        if loop == "train_gpt":
+        if loop == "train_lm":
             model = GPT(GPTConfig.tiny(vocab_size=13, block_size=16, n_layer=2, n_embd=32))
             initial = [p.detach().clone() for p in model.parameters()]
-            train_gpt(model, torch.arange(200) % 13, steps=8, batch_size=8, lr=1e-2, weight_decay=0.1, seed=0)
+            train_lm(model, torch.arange(200) % 13, steps=8, batch_size=8, lr=1e-2, weight_decay=0.1, seed=0)
         else:
             task = SelectiveCopying(n_data=2, n_blank=5, n_symbols=4)
             with default_dtype(torch.float64):

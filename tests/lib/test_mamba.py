@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib.gpt import GPT, Block, GPTConfig, train_gpt
+from lib.gpt import GPT, Block, GPTConfig
+from lib.train import train_lm
 from lib.kv_cache import kv_cache_bytes
 from lib.decode import generate
 from lib.mamba import MambaConfig, MambaLM, MambaMixer, MixerCache, SelectiveSSM, state_bytes, trace_states
@@ -162,7 +163,7 @@ def test_tiny_mamba_trains_and_loss_decreases():
         stream.append(int(successor[stream[-1]]) if follow else int(torch.randint(64, (1,), generator=g)))
     data = torch.tensor(stream)
     model = tiny_model()
-    losses = train_gpt(model, data, steps=20, batch_size=8, seq_len=32, lr=1e-2, seed=0)
+    losses = train_lm(model, data, steps=20, batch_size=8, seq_len=32, lr=1e-2, seed=0)
     assert losses[0] > 3.5  # about ln(64) = 4.16 at the start
     assert sum(losses[-5:]) / 5 < losses[0] - 1.0
 

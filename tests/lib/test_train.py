@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from lib.gpt import GPT, GPTConfig, get_batch, train_gpt
-from lib.train import train, warmup_cosine, warmup_linear
+from lib.gpt import GPT, GPTConfig
+from lib.train import get_batch, train, train_lm, warmup_cosine, warmup_linear
 
 DATA = torch.randint(0, 32, (1500,), generator=torch.Generator().manual_seed(0))
 
@@ -51,9 +51,9 @@ def test_the_loop_is_the_loop_written_by_hand_bit_for_bit(schedule, clip):
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
-def test_train_gpt_is_the_loop_with_its_batches_and_a_cosine_schedule():
+def test_train_lm_is_the_loop_with_its_batches_and_a_cosine_schedule():
     a, b = _model(), _model()
-    got = train_gpt(a, DATA, steps=10, batch_size=4, seq_len=16, seed=5)
+    got = train_lm(a, DATA, steps=10, batch_size=4, seq_len=16, seed=5)
     assert got == _by_hand(b, 10, 3e-3, warmup_cosine(10, 1), 1.0)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 

