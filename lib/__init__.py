@@ -1,14 +1,28 @@
-"""One Mask's library: the real implementations every lesson imports.
+"""One Mask's library: the real implementations every lesson imports, one concept per module.
 
-One concept per module: `masks`, `attention`, `bert` (the encoder, loadable with the real
-all-MiniLM-L6-v2 weights, and BERT's MLM corruption), `gpt` (the causal decoder, == HF GPT-2),
-`decode` (the decoder protocol and the one `generate`), `sampling`, `rope`, `lora`, `kv_cache`,
-`corpus` (generated text), `toy` (tiny worked-example inputs), `doctor` (capability check),
-`course` (the lesson map), `exercises` (checks with hints), `precision` (printing a result at the
-precision it has), `training_cache` (replaying a training run made before). Later lessons add
-`kernels`, `scan` (the selective scan), `conv` and `mamba` (the model), `moe` (the layer) and
-`moe_lm` (a small MoE language model and its router experiment). `bench` holds every benchmark
-(`python -m lib.bench.<name>`).
+Imports flow one way: models -> layers -> kernels -> `kernels.runtime` (the one place that
+imports Triton); `lib` imports nothing from `widgets`, and has no import cycle (a test reads the
+graph). Public functions check their arguments once, at the door (`_checks`); `lib.debug(True)`
+adds the value scans (NaN, id ranges, mask rows) everywhere.
+
+    the equation     masks (M as an additive matrix), attention (softmax(QKᵀ/√D + M)V, every
+                     backend behind one door), rope, norms
+    encoder          bert (the encoder, real all-MiniLM-L6-v2 weights, MLM corruption)
+    decoders         gpt (== Hugging Face GPT-2), mamba (selective SSM, mixer, LM), hybrid,
+                     moe (the layer) and moe_lm (a small MoE LM, its router experiment),
+                     moe_parallel (experts over processes)
+    decoding         decode (the Decoder protocol, one `generate`), sampling, kv_cache,
+                     paging (PagedAttention's block table), serving (the memory simulator),
+                     workload (the requests it serves)
+    the scan         scan (contract, reference, chunked, doubling, fused, one `SCANS` table),
+                     lti (a time-invariant SSM as a convolution), conv (the mixer's short one)
+    kernels          kernels.flash, kernels.scan (Triton), kernels.scan_cpu (C), kernels.runtime
+    training         train (the one loop, schedules, the LM recipe), tasks (synthetic tasks),
+                     lora, corpus, training_cache (replaying a run made before)
+    measuring        bench (`python -m lib.bench.<name>`, one timer, machine records),
+                     compare (lesson 08's models and judging), claims (the ledger), precision
+    the course       doctor (capability check), course (the lesson map), hosted, toy,
+                     exercises (checks with hints)
 """
 
 # Decides how Triton runs before anything imports it (the interpreter without a GPU): lib.kernels.runtime.

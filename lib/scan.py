@@ -8,7 +8,7 @@ for the selective SSM (S6). The model built on it is `lib.mamba`.
                    y_t = C_t · h_t  (+ D ⊙ x_t)               C_t contracts the N state entries
     selective      Δ, B, C computed from x_t (S6); non-selective (LTI, S4D-like): fixed parameters
     LTI            with fixed Ā, B̄, C the recurrence is a convolution, y = K * x with
-                   K_k = C · (Ā^k ⊙ B̄)  (`lti_kernel`, `ssm_convolution`)
+                   K_k = C · (Ā^k ⊙ B̄)  (`lib.lti`)
 
 The scans, equal up to rounding (tests/lib/test_scan.py asserts it, values and gradients). Each is one
 entry of `SCANS` (name -> the scan's body, run after the checks); `selective_scan(..., impl=name)`
@@ -52,8 +52,8 @@ import torch.nn.functional as F
 from lib._checks import require_int, require_rank, require_tensor, scan_values
 from lib.kernels.runtime import require_kernel_device, work_dtype
 
-__all__ = ["SCANS", "default_chunk_size", "discretize", "lti_kernel", "parallel_scan_ref", "recurrence", "scan_combine",
-           "selective_scan", "selective_scan_cpu", "selective_scan_ref", "selective_scan_triton", "ssm_convolution"]
+__all__ = ["SCANS", "default_chunk_size", "discretize", "parallel_scan_ref", "recurrence", "scan_combine",
+           "selective_scan", "selective_scan_cpu", "selective_scan_ref", "selective_scan_triton"]
 
 
 # --------------------------------------------------------------------------- input checks
@@ -486,53 +486,3 @@ def _scan_triton(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=N
 # delta_softplus[, chunk_size or threads]), run after the checks. lib.mamba calls these directly.
 SCANS: dict[str, Callable] = {"auto": _scan_auto, "chunked": _scan_chunked, "cpu": _scan_cpu, "ref": _scan_ref,
                               "parallel": _scan_parallel, "triton": _scan_triton}
-
-
-# --------------------------------------------------------------------------- LTI: a convolution
-def lti_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, L: int) -> torch.Tensor:
-    """The convolution kernel of a time-invariant diagonal SSM: K_k = Σ_n C_n Ā_n^k B̄_n, k < L.
-
-    A_bar, B_bar (D, N) (fixed over time: one Δ per channel); C (N,) or (D, N) -> K (D, L). Then
-    y = K * x (`ssm_convolution`) equals the recurrence h_t = Ā ⊙ h_{t-1} + B̄ x_t, y_t = C · h_t
-    started from zero (S4, Gu et al. 2021, §3.2; the Vandermonde form of S4D).
-    """
-    for name, t in (("A_bar", A_bar), ("B_bar", B_bar), ("C", C)):
-        require_tensor(name, t, floating=True)
-    require_rank("A_bar", A_bar, 2, "(D, N)")
-    require_int("L", L, minimum=1)
-    if tuple(B_bar.shape) != tuple(A_bar.shape):
-        raise ValueError(f"B_bar must have shape (D, N) = {tuple(A_bar.shape)} like A_bar, got {tuple(B_bar.shape)}")
-    if tuple(C.shape) not in ((A_bar.shape[1],), tuple(A_bar.shape)):
-        raise ValueError(f"C must have shape (N,) = ({A_bar.shape[1]},) or (D, N) = {tuple(A_bar.shape)}, "
-                         f"got {tuple(C.shape)}")
-    k = torch.arange(L, device=A_bar.device, dtype=A_bar.dtype)  # (L,)
-    powers = A_bar.unsqueeze(-1) ** k  # (D, N, 1) ** (L,) -> (D, N, L): Ā^k, a Vandermonde matrix per channel
-    return torch.einsum("dnl,dn->dl", powers, C * B_bar)  # (D, N, L) · (D, N) -> (D, L)
-
-
-def ssm_convolution(x: torch.Tensor, K: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
-    """The causal depthwise convolution y_t = Σ_{k<=t} K_k ⊙ x_{t−k} (+ D ⊙ x_t), by FFT (as S4).
-
-    x (B, L, D); K (D, L_K) with L_K >= L (`lti_kernel`); D (D,) or None -> y (B, L, D). Both
-    signals are zero-padded to 2L so the FFT's circular convolution does not wrap around.
-    """
-    require_tensor("x", x, floating=True)
-    require_tensor("K", K, floating=True)
-    require_rank("x", x, 3, "(B, L, D)")
-    require_rank("K", K, 2, "(D, L_K)")
-    b, l, d = x.shape
-    if K.shape[0] != d or K.shape[1] < l:
-        raise ValueError(f"K must have shape (D, L_K) with D = {d} and L_K >= L = {l}, got {tuple(K.shape)}")
-    if D is not None:
-        require_tensor("D", D, floating=True)
-        if tuple(D.shape) != (d,):
-            raise ValueError(f"D must have shape (D,) = ({d},), got {tuple(D.shape)}")
-    wt = work_dtype(x, K)
-    xf = torch.fft.rfft(x.to(wt).transpose(1, 2), n=2 * l)  # (B, D, L) -> (B, D, L + 1) complex
-    kf = torch.fft.rfft(K[:, :l].to(wt), n=2 * l)  # (D, L) -> (D, L + 1)
-    y = torch.fft.irfft(xf * kf, n=2 * l)[..., :l].transpose(1, 2)  # (B, D, 2L) -> (B, L, D)
-    if D is not None:
-        y = y + x.to(wt) * D.to(wt)
-    return y.to(x.dtype)
-
-

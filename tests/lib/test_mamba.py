@@ -13,7 +13,8 @@ from lib.train import train_lm
 from lib.kv_cache import kv_cache_bytes
 from lib.decode import generate
 from lib.mamba import MambaConfig, MambaLM, MambaMixer, MixerCache, SelectiveSSM, state_bytes, trace_states
-from lib.scan import discretize, lti_kernel, ssm_convolution
+from lib.lti import lti_kernel, ssm_convolution
+from lib.scan import discretize
 from scan_builders import one_thread  # noqa: F401  (an autouse fixture: one thread for tiny tensors)
 
 

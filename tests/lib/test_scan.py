@@ -8,8 +8,9 @@ from functools import partial
 import pytest
 import torch
 
-from lib.scan import (default_chunk_size, discretize, lti_kernel, parallel_scan_ref, scan_combine, selective_scan,
-                      selective_scan_ref, ssm_convolution)
+from lib.lti import lti_kernel, ssm_convolution
+from lib.scan import (default_chunk_size, discretize, parallel_scan_ref, scan_combine, selective_scan,
+                      selective_scan_ref)
 from scan_builders import TOL64, assert_close32, bad_scan_cases, one_thread, scan_inputs  # noqa: F401  (one_thread: autouse)
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import plotly.io as pio
 import pytest
 
-from lib.serving import make_workload, simulate_serving, sweep_block_sizes
+from lib.serving import simulate_serving, sweep_block_sizes
+from lib.workload import make_workload
 from widgets._render import use_stable_renderer
 from widgets.memory_map import (
     STATES,
