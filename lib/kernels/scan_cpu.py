@@ -25,10 +25,9 @@ cost more than the scan's own forward.
 Threads split the (sequence, channel) rows between them (`threads`, default torch's thread count),
 and each row's result is the same whatever the split, bit for bit.
 
-Building: on first use the C file is compiled with the machine's C compiler (`$CC`, else cc, gcc
-or clang) into a shared library cached under ~/.cache/onemask (or $ONEMASK_CACHE), keyed by the
-source, the compiler and the flags, then loaded with ctypes and checked against a few steps of the
-recurrence computed here in Python. That takes about half a second once per machine. With gcc on
+Building (`lib.kernels.c_build`): on first use the C file is compiled with the machine's C compiler
+into a cached shared library, loaded with ctypes and checked against a few steps of the
+recurrence computed here in Python (`_self_check`). That takes about half a second once per machine. With gcc on
 x86-64 Linux and an AVX2 CPU it uses glibc's vector exp and log (libmvec); elsewhere the same
 loops with scalar calls. Where no compiler works (or ONEMASK_CPU_KERNEL=0 is set), nothing fails:
 `cpu_kernel_status()` says why, and `lib.scan.selective_scan` uses its chunked scan instead.
@@ -55,27 +54,19 @@ read as fp32, like the other scans).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
+from lib.kernels import c_build
 from lib.kernels.runtime import work_dtype
 
 __all__ = ["conv", "cpu_kernel_available", "cpu_kernel_status", "rms_norm", "scan"]
 
-SOURCE = Path(__file__).with_name("scan_cpu.c")
-BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
-VECTOR_EXP_FLAGS = ("-mavx2", "-mfma", "-DONEMASK_LIBMVEC")  # gcc, x86-64 Linux, an AVX2 CPU: glibc's vector exp
-OPENMP_FLAGS = ("-fopenmp",)  # threads from PyTorch's own OpenMP pool (see scan_cpu.c); else Python threads
+SOURCE = Path(__file__).with_name("scan_cpu.c")  # built by lib.kernels.c_build
 MIN_WORK_PER_THREAD = 1 << 16  # B·D·L·N multiply-adds below which a second thread costs more than it saves
 CHECKPOINT_EVERY = 64  # K: the forward keeps the state entering every K-th position for the backward
 BACKWARD_BLOCK = 16  # channels one backward unit walks together: K states and decays of them stay in cache
@@ -87,109 +78,12 @@ _built_flags: tuple[str, ...] = ()  # the flags of the library in use
 _pool: ThreadPoolExecutor | None = None
 
 
-# --------------------------------------------------------------------------- building
-def _compiler() -> str | None:
-    chosen = os.environ.get("CC")
-    if chosen:
-        return shutil.which(chosen)
-    for name in ("cc", "gcc", "clang"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _compiler_version(cc: str) -> str:
-    """What `cc --version` prints (all of it; "" if it fails)."""
-    try:
-        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
-def _wants_vector_exp(version: str) -> bool:
-    """glibc's libmvec has AVX2 expf/exp on x86-64 Linux; gcc calls them from the simd loop.
-    (gcc installed as `cc` names itself "cc" but keeps the FSF's copyright line.)"""
-    text = version.lower()
-    is_gcc = ("gcc" in text or "free software foundation" in text) and "clang" not in text
-    return (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and is_gcc
-            and _cpu_has_avx2_fma())
-
-
-def _cpu_has_avx2_fma() -> bool:
-    """The CPU itself runs AVX2 and FMA instructions (its flags in /proc/cpuinfo). Not ATen's
-    capability, which ATEN_CPU_CAPABILITY lowers on purpose (the course's perturbed test runs) while
-    the CPU, and this loop's code, stay the same; where cpuinfo is unreadable, ATen's detection."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return {"avx2", "fma"} <= flags
-    except OSError:
-        pass
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-
-
-def _cache_dir() -> Path:
-    chosen = os.environ.get("ONEMASK_CACHE")
-    base = Path(chosen) if chosen else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onemask"
-    for candidate in (base, Path(tempfile.gettempdir()) / f"onemask-{os.getuid() if hasattr(os, 'getuid') else 0}"):
-        try:
-            candidate.mkdir(parents=True, exist_ok=True)
-            if os.access(candidate, os.W_OK):
-                return candidate
-        except OSError:
-            continue
-    raise OSError(f"no writable cache directory (tried {base} and the temporary directory)")
-
-
-def _compile(cc: str, version: str, flags: tuple[str, ...]) -> Path:
-    """The shared library for these flags: from the cache, or compiled into it (atomically)."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, cc.encode(), version.encode(), " ".join(flags).encode(),
-                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
-    target = _cache_dir() / f"scan_cpu-{key}.so"
-    if target.exists():
-        return target
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        out = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            raise RuntimeError(f"{Path(cc).name} failed: {(out.stderr or out.stdout).strip()[-400:]}")
-        os.replace(tmp, target)  # atomic: a concurrent build writes the same bytes
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return target
-
-
-def _torch_uses_gomp() -> bool:
-    """PyTorch parallelises with GNU OpenMP (libgomp.so.1, which an -fopenmp library from gcc shares)."""
-    return "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
-
-
+# --------------------------------------------------------------------------- building (lib.kernels.c_build)
 # The C entry points: name -> (how many pointers, the sizes' C types). Each has a range form
 # `name(pointers, sizes, begin, end)` and, built with OpenMP, `name_omp(pointers, sizes, total, threads)`.
 _I64, _F64 = ctypes.c_int64, ctypes.c_double
-_ENTRY_POINTS = {"scan": (13, (_I64,) * 5), "scan_bwd": (20, (_I64,) * 6), "conv": (6, (_I64,) * 4),
-                 "conv_bwd": (9, (_I64,) * 3), "rms": (4, (_F64, _I64)), "rms_bwd": (6, (_I64,) * 2)}
-
-
-def _load(path: Path):
-    library = ctypes.CDLL(str(path))  # ctypes.CDLL releases the GIL during calls: threads run in parallel
-    for kernel, (pointers, sizes) in _ENTRY_POINTS.items():
-        for suffix in ("f32", "f64"):
-            name = f"onemask_{kernel}_{suffix}"
-            for fn_name in (name, name + "_omp"):
-                if fn_name.endswith("_omp") and not hasattr(library, fn_name):
-                    continue  # built without OpenMP
-                fn = getattr(library, fn_name)
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p] * pointers + list(sizes) + [_I64, _I64]
-    return library
+ENTRY_POINTS = {"scan": (13, (_I64,) * 5), "scan_bwd": (20, (_I64,) * 6), "conv": (6, (_I64,) * 4),
+                "conv_bwd": (9, (_I64,) * 3), "rms": (4, (_F64, _I64)), "rms_bwd": (6, (_I64,) * 2)}
 
 
 def _self_check(library) -> str | None:
@@ -222,44 +116,13 @@ def _self_check(library) -> str | None:
     return None
 
 
-def _build() -> None:
-    global _library, _status, _built_flags
-    if os.environ.get("ONEMASK_CPU_KERNEL", "1") == "0":
-        _status = "unavailable: switched off (ONEMASK_CPU_KERNEL=0)"
-        return
-    cc = _compiler()
-    if cc is None:
-        _status = ("unavailable: no C compiler found (set CC, or install gcc or clang); "
-                   if os.environ.get("CC") is None else f"unavailable: CC={os.environ['CC']!r} is not an executable; ")
-        _status += "the chunked PyTorch scan is used instead"
-        return
-    version = _compiler_version(cc)
-    vector_options = [VECTOR_EXP_FLAGS, ()] if _wants_vector_exp(version) else [()]
-    # best first: each option that fails to compile, load or self-check falls back to the next
-    attempts = [BASE_FLAGS + v + o for v in vector_options for o in ((OPENMP_FLAGS, ()) if _torch_uses_gomp() else ((),))]
-    problems = []
-    for flags in attempts:
-        try:
-            library = _load(_compile(cc, version, flags))
-            problem = _self_check(library)
-        except Exception as err:  # any failure to build, load or run it means: not here (the reason is kept)
-            problem = f"{type(err).__name__}: {err}"
-        if problem is None:
-            _library = library
-            _built_flags = flags
-            vector = "vector exp (glibc libmvec, AVX2)" if _has_vector_exp() else "scalar exp"
-            threads = "PyTorch's OpenMP threads" if hasattr(library, "onemask_scan_f32_omp") else "Python threads"
-            name = version.splitlines()[0] if version else Path(cc).name
-            _status = f"compiled: {name}, {' '.join(f for f in flags if f.startswith('-O'))}, {vector}, {threads}"
-            return
-        problems.append(problem)
-    _status = "unavailable: " + "; then ".join(problems) + "; the chunked PyTorch scan is used instead"
-
-
 def _ensure_built():
+    global _library, _status, _built_flags
     with _lock:
         if _status is None:
-            _build()
+            built = c_build.build(SOURCE, ENTRY_POINTS, _self_check,
+                                  fallback="; the chunked PyTorch scan is used instead")
+            _library, _status, _built_flags = built.library, built.status, built.flags
     return _library
 
 

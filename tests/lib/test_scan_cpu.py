@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import lib.kernels.scan_cpu as scan_cpu
+from lib.kernels import c_build
 from lib.conv import causal_conv1d, causal_conv1d_cpu, causal_conv1d_ref
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
 from lib.mamba import MambaConfig, MambaLM
@@ -34,6 +35,12 @@ needs_kernel = pytest.mark.skipif(not cpu_kernel_available(), reason=f"the CPU s
 # order of the N-term sum C·h (the loop sums in vector lanes). Measured: below 1e-6 of the output's
 # largest value. 1e-5 (~100 ε32) is what every other scan is held to (tests/lib/test_scan.py).
 RTOL32 = 1e-5
+
+
+def _library_built_with(flags):
+    """The kernels' library compiled with other flags than the one in use (cached like it)."""
+    cc = c_build.compiler()
+    return c_build.load(c_build.compile(scan_cpu.SOURCE, cc, c_build.compiler_version(cc), flags), scan_cpu.ENTRY_POINTS)
 
 
 def assert_close32(actual, expected):
@@ -74,9 +81,7 @@ def test_result_does_not_depend_on_the_threads():
     ys = [selective_scan_cpu(x, dl, A, B, C, D, threads=t) for t in (1, 2, 3, 7)]
     assert all(torch.equal(y, ys[0]) for y in ys[1:])
     # the Python-threads path: the same source built without -fopenmp
-    flags = tuple(f for f in scan_cpu._built_flags if f != "-fopenmp")
-    library = scan_cpu._load(scan_cpu._compile(scan_cpu._compiler(), scan_cpu._compiler_version(scan_cpu._compiler()),
-                                               flags))
+    library = _library_built_with(tuple(f for f in scan_cpu._built_flags if f != "-fopenmp"))
     assert not hasattr(library, "onemask_scan_f32_omp")
     for t in (1, 2, 5):
         y = scan_cpu._run(library, x, dl, A, B, C, D, torch.zeros_like(D), None, False, None, False, t)[0]
@@ -99,9 +104,7 @@ def test_gradients_do_not_depend_on_the_threads(monkeypatch):
     want = grads(1)
     for threads in (2, 3, 7):
         assert all(torch.equal(g, w) for g, w in zip(grads(threads), want))
-    flags = tuple(f for f in scan_cpu._built_flags if f != "-fopenmp")
-    cc = scan_cpu._compiler()
-    monkeypatch.setattr(scan_cpu, "_library", scan_cpu._load(scan_cpu._compile(cc, scan_cpu._compiler_version(cc), flags)))
+    monkeypatch.setattr(scan_cpu, "_library", _library_built_with(tuple(f for f in scan_cpu._built_flags if f != "-fopenmp")))
     assert not hasattr(scan_cpu._library, "onemask_scan_bwd_f32_omp")
     for threads in (1, 3):
         assert all(torch.equal(g, w) for g, w in zip(grads(threads), want))
@@ -389,14 +392,15 @@ def test_a_fresh_process_without_a_compiler_reports_it_and_still_scans(env, expe
 @needs_kernel
 def test_the_build_is_cached_by_source_and_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("ONEMASK_CACHE", str(tmp_path))
-    cc = scan_cpu._compiler()
-    version = scan_cpu._compiler_version(cc)
-    first = scan_cpu._compile(cc, version, scan_cpu._built_flags)
+    cc = c_build.compiler()
+    version = c_build.compiler_version(cc)
+    first = c_build.compile(scan_cpu.SOURCE, cc, version, scan_cpu._built_flags)
     stamp = first.stat().st_mtime_ns
-    assert scan_cpu._compile(cc, version, scan_cpu._built_flags) == first and first.stat().st_mtime_ns == stamp
-    other = scan_cpu._compile(cc, version, tuple(f for f in scan_cpu._built_flags if f != "-O3") + ("-O2",))
+    assert c_build.compile(scan_cpu.SOURCE, cc, version, scan_cpu._built_flags) == first
+    assert first.stat().st_mtime_ns == stamp  # not rebuilt
+    other = c_build.compile(scan_cpu.SOURCE, cc, version, tuple(f for f in scan_cpu._built_flags if f != "-O3") + ("-O2",))
     assert other != first and sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, other.name])
-    assert scan_cpu._self_check(scan_cpu._load(other)) is None
+    assert scan_cpu._self_check(c_build.load(other, scan_cpu.ENTRY_POINTS)) is None
 
 
 # --------------------------------------------------------------------------- bad input
