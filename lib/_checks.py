@@ -9,7 +9,7 @@ Value scans (NaN in logits, token ids out of range, a mask row with nothing visi
 on a GPU each is a host synchronisation, which stalls the GPU's queue and defeats CUDA graphs and
 `torch.compile`. They run at a public door when a call starts from the caller's data, and are
 skipped inside the loops `lib` drives itself over data it has already checked (a decode loop:
-`inputs_checked()`). Debug mode (`lib.debug(True)`, or ONEMASK_DEBUG=1 in the environment) runs
+`inputs_checked()`; a callback into the caller's code runs checked again: `caller_code()`). Debug mode (`lib.debug(True)`, or ONEMASK_DEBUG=1 in the environment) runs
 them everywhere, inside those loops too.
 """
 
@@ -44,6 +44,18 @@ def inputs_checked():
     over values it checked at its door, such as generating token after token."""
     before = getattr(_local, "trusted", False)
     _local.trusted = True
+    try:
+        yield
+    finally:
+        _local.trusted = before
+
+
+@contextmanager
+def caller_code():
+    """Inside this block value scans run again: for the caller's code that a checked loop calls
+    back (a progress callback), whose arguments lib has not checked."""
+    before = getattr(_local, "trusted", False)
+    _local.trusted = False
     try:
         yield
     finally:

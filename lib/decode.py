@@ -32,7 +32,7 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 import torch.nn as nn
 
-from lib._checks import inputs_checked, require_attention_mask, require_int, require_token_ids
+from lib._checks import caller_code, inputs_checked, require_attention_mask, require_int, require_token_ids
 from lib.sampling import check_sampling_knobs, sample_next_token
 
 __all__ = ["Decoder", "decode_state_bytes", "generate"]
@@ -80,7 +80,8 @@ def generate(model: Decoder, idx: torch.Tensor, max_new_tokens: int, *, temperat
                                     generator=generator)  # (B,)
             out.append(nxt[:, None].to(idx.dtype))
             if on_token is not None:
-                on_token(step, nxt)
+                with caller_code():  # the callback is the caller's code: what it passes to lib is checked
+                    on_token(step, nxt)
             if step == max_new_tokens - 1:
                 break
             if mask is not None:

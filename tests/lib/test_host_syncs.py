@@ -128,3 +128,15 @@ def test_debug_is_a_switch_and_the_environment_sets_it():
     run = subprocess.run([sys.executable, "-c", "import lib; print(lib.debug())"], env=env, capture_output=True,
                          text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr
+
+
+def test_code_called_back_from_the_loop_is_checked_like_any_caller():
+    """The loop trusts only the values it checked at its door: an `on_token` callback is the
+    caller's code, and a lib function it calls scans its arguments as it would anywhere else."""
+    from lib.sampling import sample_next_token
+
+    def careless(step, tokens):
+        sample_next_token(torch.tensor([[float("nan"), 0.0]]))
+
+    with pytest.raises(ValueError, match="must not contain NaN"):
+        generate(_gpt(), IDX, 2, on_token=careless)
