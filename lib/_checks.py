@@ -9,8 +9,9 @@ Value scans (NaN in logits, token ids out of range, a mask row with nothing visi
 on a GPU each is a host synchronisation, which stalls the GPU's queue and defeats CUDA graphs and
 `torch.compile`. They run at a public door when a call starts from the caller's data, and are
 skipped inside the loops `lib` drives itself over data it has already checked (a decode loop:
-`inputs_checked()`; a callback into the caller's code runs checked again: `caller_code()`). Debug mode (`lib.debug(True)`, or ONEMASK_DEBUG=1 in the environment) runs
-them everywhere, inside those loops too.
+`inputs_checked()`; a callback into the caller's code runs checked again: `caller_code()`).
+Debug mode (`lib.debug(True)`, or ONEMASK_DEBUG=1 in the environment) runs them everywhere,
+inside those loops too.
 """
 
 from __future__ import annotations
