@@ -1,6 +1,7 @@
 """Scaled dot-product attention, softmax(QKᵀ/√D + M)V, three ways behind one door.
 
     attention_ref      materialises the (T, S) score matrix; obviously correct; the truth
+    attention_backward_ref   its gradients by the formulas a FlashAttention backward uses
     attention_chunked  online softmax over key blocks, never holds more than a
                        (block_q, block_k) tile of scores: the FlashAttention idea in PyTorch
                        (Dao et al. 2022, arXiv 2205.14135, Algorithm 1; Milakov & Gimelshein 2018)
@@ -35,6 +36,7 @@ from lib.masks import causal_mask
 __all__ = [
     "BACKENDS",
     "attention",
+    "attention_backward_ref",
     "attention_chunked",
     "attention_ref",
     "attention_scores",
@@ -158,6 +160,49 @@ def attention_ref(q, k, v, mask=None, causal: bool = False, scale: float | None 
     m4, scale = _check_common(q, k, v, mask, causal, scale)
     weights = _weights(q, k, m4, causal, scale)  # (B, H, T, S): attention_weights without a second check
     return (weights @ _expand_kv(q, v).to(weights.dtype)).to(q.dtype)  # (B, H, T, S) @ (B, H, S, D_v)
+
+
+def attention_backward_ref(q, k, v, grad_out, mask=None, causal: bool = False, scale: float | None = None):
+    """The gradients of `attention_ref` by their formulas, as a FlashAttention backward computes
+    them (Dao 2023, FlashAttention-2, Algorithm 2), here with whole (T, S) matrices:
+
+        L  = logsumexp(S) per row, S = QKᵀ·scale + M     what the forward saves: T numbers, not T·S
+        P  = exp(S − L)                                   recomputed from L, not stored
+        dV = Pᵀ dO,  dP = dO Vᵀ
+        D  = rowsum(dO ∘ O)  (= rowsum(P ∘ dP))           one number per query row
+        dS = P ∘ (dP − D)                                 the softmax's backward
+        dQ = dS K · scale,  dK = dSᵀ Q · scale
+
+    Arguments as `attention_ref`, plus grad_out (B, H, T, D_v), the gradient of its output ->
+    (dq, dk, dv) shaped like q, k, v (grouped-query heads summed into their key/value head), in
+    their dtypes, computed in fp32 (fp64 if given fp64). A fully masked row gets zero gradients.
+    """
+    m4, scale = _check_common(q, k, v, mask, causal, scale)
+    require_tensor("grad_out", grad_out, floating=True)
+    want = (*q.shape[:3], v.shape[-1])
+    if tuple(grad_out.shape) != want:
+        raise ValueError(f"grad_out must have the output's shape (B, H, T, D_v) = {want}, got {tuple(grad_out.shape)}")
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    qw, kw, vw, dO = (t.to(work) for t in (q, _expand_kv(q, k), _expand_kv(q, v), grad_out))
+    scores = (qw @ kw.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if m4 is not None:
+        scores = scores + m4.to(work)
+    if causal:
+        scores = scores + causal_mask(q.shape[2], kv_len=k.shape[2], device=q.device, dtype=work)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # (B, H, T, 1); −inf for a fully masked row
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)  # then P = exp(−inf) = 0
+    p = torch.exp(scores - lse)  # (B, H, T, S)
+    o = p @ vw  # (B, H, T, D_v): the forward's output, which the backward reads for D
+    dv = p.transpose(-2, -1) @ dO  # (B, H, S, T) @ (B, H, T, D_v) -> (B, H, S, D_v)
+    dp = dO @ vw.transpose(-2, -1)  # (B, H, T, D_v) @ (B, H, D_v, S) -> (B, H, T, S)
+    delta = (dO * o).sum(-1, keepdim=True)  # (B, H, T, 1)
+    ds = p * (dp - delta)  # (B, H, T, S)
+    dq = (ds @ kw) * scale  # (B, H, T, D)
+    dk = (ds.transpose(-2, -1) @ qw) * scale  # (B, H, S, D)
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # each key/value head served `groups` query heads: its gradient is their sum
+        dk, dv = (t.unflatten(1, (k.shape[1], groups)).sum(2) for t in (dk, dv))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 # --------------------------------------------------------------------------- chunked

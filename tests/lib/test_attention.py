@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from lib.attention import (
     BACKENDS,
     attention,
+    attention_backward_ref,
     attention_chunked,
     attention_ref,
     attention_scores,
@@ -258,3 +259,47 @@ def test_online_softmax_update_refuses_mismatched_shapes():
         online_softmax_update(m, l, acc, torch.zeros(3, 5), torch.zeros(4, 2))
     with pytest.raises(TypeError, match="scores must have a floating dtype"):
         online_softmax_update(m, l, acc, torch.zeros(3, 5, dtype=torch.int64), torch.zeros(5, 2))
+
+
+# --------------------------------------------------------------------------- the backward, by its formulas
+@pytest.mark.parametrize("T, S, H_kv, causal, masked", [
+    (1, 1, 4, True, False),  # T = 1: one query, one key
+    (37, 37, 4, True, False),
+    (13, 29, 2, True, False),  # a decode-like query block at the end of a longer cache; grouped-query heads
+    (20, 20, 1, False, True),  # multi-query, a padding mask with fully masked rows
+])
+def test_the_backward_formulas_are_autograds_gradients(T, S, H_kv, causal, masked):
+    q, k, v = qkv(T=T, S=S, H_kv=H_kv, D=8, D_v=6, dtype=torch.float64)
+    mask = None
+    if masked:  # batch 0 pads its first 5 keys away, batch 1 masks every key for queries 3 and 4
+        mask = padding_mask(torch.tensor([[0] * 5 + [1] * (S - 5), [1] * S]))
+        mask = mask.expand(2, 1, T, S).clone()
+        mask[1, :, 3:5] = float("-inf")
+    grad_out = rand(2, 4, T, 6, seed=9, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.autograd.backward(attention_ref(*leaves, mask=mask, causal=causal), grad_out)
+    ours = attention_backward_ref(q, k, v, grad_out, mask=mask, causal=causal)
+    for name, got, leaf in zip("qkv", ours, leaves):
+        assert got.shape == leaf.shape and got.dtype == leaf.dtype, name
+        torch.testing.assert_close(got, leaf.grad, rtol=1e-12, atol=1e-12, msg=f"d{name}")  # fp64: the same algebra
+    if masked:
+        assert torch.equal(ours[0][1, :, 3:5], torch.zeros_like(ours[0][1, :, 3:5]))  # nothing to attend: no gradient
+
+
+def test_the_backward_in_fp32_and_half_inputs():
+    q, k, v = qkv(T=33, D=16)
+    grad_out = rand(2, 4, 33, 16, seed=5)
+    truth = attention_backward_ref(*(t.double() for t in (q, k, v, grad_out)), causal=True)
+    got = attention_backward_ref(q, k, v, grad_out, causal=True)
+    # fp32 with unit-scale inputs: sums of 33 products each, ~1e-6 apart from fp64; 1e-5 leaves room
+    assert max(err(g, t) for g, t in zip(got, truth)) < 1e-5
+    half = attention_backward_ref(*(t.half() for t in (q, k, v, grad_out)), causal=True)
+    assert all(h.dtype == torch.float16 for h in half)
+
+
+def test_the_backward_refuses_a_gradient_of_the_wrong_shape():
+    q, k, v = qkv(T=5, D=8)
+    with pytest.raises(ValueError, match=r"grad_out must have the output's shape \(B, H, T, D_v\) = \(2, 4, 5, 8\)"):
+        attention_backward_ref(q, k, v, torch.zeros(2, 4, 5, 7))
+    with pytest.raises(TypeError, match="grad_out must be a torch.Tensor"):
+        attention_backward_ref(q, k, v, None)
