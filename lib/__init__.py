@@ -15,7 +15,8 @@ adds the value scans (NaN, id ranges, mask rows) everywhere.
                      paging (PagedAttention's block table), serving (the memory simulator),
                      workload (the requests it serves)
     the scan         scan (contract, reference, chunked, doubling, fused, one `SCANS` table),
-                     lti (a time-invariant SSM as a convolution), conv (the mixer's short one)
+                     lti (a time-invariant SSM as a convolution), ssd (the selective SSM as a
+                     masked attention), conv (the mixer's short convolution)
     kernels          kernels.flash, kernels.scan (Triton), kernels.scan_cpu (C), kernels.runtime
     training         train (the one loop, schedules, the LM recipe), tasks (synthetic tasks),
                      lora, corpus, training_cache (replaying a run made before)

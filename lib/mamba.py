@@ -416,7 +416,8 @@ def refuse_padding(attention_mask) -> None:
 def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str, torch.Tensor]:
     """What layer `layer`'s SSM does on idx (B, T): its step sizes Δ (B, T, D) and every state h_t
     (B, T, D, N), D = d_inner, recomputed step by step from the SSM's own inputs (for drawing:
-    widgets.SSMStateView). The layer's output is checked against the recomputed states."""
+    widgets.SSMStateView), and those inputs: x (B, T, D), A (D, N), B and C (B, T, N) (for
+    lib.ssd). The layer's output is checked against the recomputed states."""
     if not isinstance(model, MambaLM):
         raise TypeError(f"model must be a MambaLM, got {type(model).__name__}")
     require_int("layer", layer, minimum=0)
@@ -444,7 +445,7 @@ def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str,
     # fp32: the layer's scan (chunked or not) and this step-by-step loop differ by rounding only
     if not torch.allclose(y, seen["y"].to(work), rtol=1e-4, atol=1e-5):
         raise RuntimeError("the recomputed states do not reproduce the layer's output")
-    return {"delta": delta, "h": states}
+    return {"delta": delta, "h": states, "x": x, "A": A, "B": B, "C": C}
 
 
 def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch.dtype | str | None = None) -> int:

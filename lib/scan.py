@@ -52,13 +52,14 @@ import torch.nn.functional as F
 from lib._checks import require_int, require_rank, require_tensor, scan_values
 from lib.kernels.runtime import require_kernel_device, work_dtype
 
-__all__ = ["SCANS", "default_chunk_size", "discretize", "parallel_scan_ref", "recurrence", "scan_combine",
+__all__ = ["SCANS", "check_scan_inputs", "default_chunk_size", "discretize", "parallel_scan_ref", "recurrence", "scan_combine",
            "selective_scan", "selective_scan_cpu", "selective_scan_ref", "selective_scan_triton"]
 
 
 # --------------------------------------------------------------------------- input checks
-def _check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, delta_softplus=False) -> None:
-    """Shapes x, delta, z (B, L, D); A (D, N) < 0; B, C (B, L, N); D, delta_bias (D,); h0 (B, D, N);
+def check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, delta_softplus=False) -> None:
+    """The scan contract, which every form of the scan checks at its door (`lib.ssd` too): shapes
+    x, delta, z (B, L, D); A (D, N) < 0; B, C (B, L, N); D, delta_bias (D,); h0 (B, D, N);
     delta (+ delta_bias) >= 0 unless delta_softplus."""
     for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C)):
         require_tensor(name, t, floating=True)
@@ -181,7 +182,7 @@ def selective_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B:
     Mirrors the official `selective_scan_ref`: Ā, B̄x precomputed, then h = Ā_t ⊙ h + B̄_t x_t
     (`recurrence`), y_t = C_t · h, the outputs stacked once.
     """
-    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     return _scan_ref(x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
 
 
@@ -260,7 +261,7 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     work and memory of the scan itself (2 GB at L = 4096, Lc = 64 for the benchmark's sizes), and it
     measured slower than the plain loop on a CPU. The form above does the linear amount of work.
     """
-    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     if impl not in SCANS:
         raise ValueError(f"impl must be one of {tuple(SCANS)}, got {impl!r}")
     _check_return_state(return_state)
@@ -396,7 +397,7 @@ def parallel_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
     (1, 0) stand in before position 0). It does L·log2(L) combines instead of L, and every round
     writes new (B, L, D, N) tensors (autograd keeps them all): a teaching implementation.
     """
-    _check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     return _scan_parallel(x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias,
                           delta_softplus=delta_softplus)
 

@@ -6,6 +6,7 @@ states and step sizes of each run, and passes them here:
 
     runs = {"selective": (h, delta), "fixed Δ, B, C": (h2, delta2)}   # h (L, D, N), delta (L, D)
     ssm_state_figure(tokens, runs)          # static face: frames over t, play button and slider
+    masked_attention_figure(tokens, decay, weights)   # the same layer as a masked attention (lib.ssd)
     SSMStateView(tokens, runs, recompute=fn).widget   # live face: a step slider (and, given
                                                       # `recompute(text) -> (tokens, runs)`, a text box)
 
@@ -23,9 +24,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from widgets._base import as_array, rounded
-from widgets._render import DIVERGING, OKABE_ITO, live_mimebundle, redraw
+from widgets._render import DIVERGING, MASKED_COLOUR, OKABE_ITO, OPEN_COLOUR, SEQUENTIAL, live_mimebundle, redraw
 
-__all__ = ["SSMStateView", "check_runs", "ssm_state_figure"]
+__all__ = ["SSMStateView", "check_runs", "masked_attention_figure", "ssm_state_figure"]
 
 MAX_STEPS = 512  # frames beyond this make the static figure too heavy for a page
 
@@ -175,3 +176,61 @@ class SSMStateView:
 
     def _repr_mimebundle_(self, **kwargs):
         return live_mimebundle(self.widget, "SSMStateView", **kwargs)
+
+
+def masked_attention_figure(tokens: Sequence[str], decay, weights, *, title: str = "") -> go.Figure:
+    """The selective SSM as a masked attention (lib.ssd), three (T, T) panels over `tokens`:
+    lesson 01's causal mask (0 or −∞), the decay exp(M) of one state entry (how much of x_s is left
+    at t, 0 above the diagonal) and the weights W of one channel (y_t = Σ_s W_ts x_s). `decay` and
+    `weights` (T, T) as tensors or arrays; their entries above the diagonal must be 0."""
+    tokens = [str(t) for t in tokens]
+    T = len(tokens)
+    if not 1 <= T <= MAX_STEPS:
+        raise ValueError(f"tokens must hold 1..{MAX_STEPS} tokens, got {T}")
+    decay, weights = as_array("decay", decay), as_array("weights", weights)
+    for name, m in (("decay", decay), ("weights", weights)):
+        if m.shape != (T, T):
+            raise ValueError(f"{name} must have shape (T, T) = {(T, T)} for {T} tokens, got {m.shape}")
+    future = np.triu(np.ones((T, T), dtype=bool), 1)
+    if np.any(decay[future] != 0) or np.any(weights[future] != 0):
+        raise ValueError("decay and weights must be 0 above the diagonal (s > t: the future)")
+    if np.any(decay[~future] < 0) or np.any(decay[~future] > 1):
+        raise ValueError("decay must lie in [0, 1] on and below the diagonal: exp of a mask <= 0")
+    labels = T <= 16
+    font = 11 if T <= 10 else 8
+    pairs = [[[tokens[i], tokens[j]] for j in range(T)] for i in range(T)]
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
+        "causal mask M (lesson 01): 0 or −∞", "exp(M) here: what is left of x_s at t", "W: y_t = Σ_s W_ts x_s"))
+    fig.add_trace(go.Heatmap(
+        z=future.astype(int), zmin=0, zmax=1, colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]], showscale=False,
+        text=[["−∞" if f else "0" for f in row] for row in future], texttemplate="%{text}" if labels else None,
+        textfont={"size": font}, customdata=pairs, xgap=1, ygap=1, name="causal mask",
+        hovertemplate="t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>M = %{text}<extra></extra>"),
+        row=1, col=1)
+    fig.add_trace(go.Heatmap(
+        z=_lower(decay, future), zmin=0, zmax=1, colorscale=SEQUENTIAL, customdata=pairs,
+        text=[["" if f else f"{v:.2f}" for v, f in zip(r, fr)] for r, fr in zip(decay, future)],
+        texttemplate="%{text}" if labels else None, textfont={"size": font}, xgap=1, ygap=1, name="decay",
+        colorbar={"title": {"text": "left"}, "thickness": 10, "x": 0.63}, hoverongaps=False,
+        hovertemplate="t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>exp(M) = %{z:.4f}<extra></extra>"),
+        row=1, col=2)
+    top = float(np.abs(weights).max()) or 1.0
+    fig.add_trace(go.Heatmap(
+        z=_lower(weights, future), zmin=-top, zmax=top, colorscale=DIVERGING, customdata=pairs,
+        xgap=1, ygap=1, name="W", hoverongaps=False, colorbar={"title": {"text": "W"}, "thickness": 10},
+        hovertemplate="t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>W = %{z:.4g}<extra></extra>"),
+        row=1, col=3)
+    ticks = {"tickmode": "array", "tickvals": list(range(T)), "ticktext": tokens, "tickfont": {"size": font}}
+    for col in (1, 2, 3):
+        fig.update_xaxes(**ticks, title_text="s (input position)", range=[-0.5, T - 0.5], constrain="domain",
+                         showgrid=False, zeroline=False, row=1, col=col)
+        fig.update_yaxes(**ticks, autorange="reversed", scaleanchor=f"x{'' if col == 1 else col}", constrain="domain",
+                         showgrid=False, zeroline=False, row=1, col=col)
+    fig.update_yaxes(title_text="t (output position)", row=1, col=1)
+    fig.update_layout(title={"text": title, "x": 0.01}, height=420, plot_bgcolor="white", margin={"t": 80})
+    return fig
+
+
+def _lower(values: np.ndarray, future: np.ndarray) -> list:
+    """Four significant digits on and below the diagonal; None (no cell) above it."""
+    return [[None if f else v for v, f in zip(row, frow)] for row, frow in zip(rounded(values), future)]

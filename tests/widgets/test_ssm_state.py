@@ -4,7 +4,7 @@ refuses inconsistent records with a message instead of drawing garbage."""
 import numpy as np
 import pytest
 
-from widgets.ssm_state import SSMStateView, check_runs, ssm_state_figure
+from widgets.ssm_state import SSMStateView, check_runs, masked_attention_figure, ssm_state_figure
 
 
 def _runs(L=6, D=4, N=3, seed=0):
@@ -88,3 +88,43 @@ def test_live_view_survives_every_slider_value_and_new_text():
     view.controls["text"].value = ""
     assert "1.." in view.status.value
     assert "live widget" in view._repr_mimebundle_()["text/plain"]
+
+
+def _ssd(T=5, seed=0):
+    rng = np.random.default_rng(seed)
+    gaps = np.cumsum(rng.uniform(0.0, 1.0, T))  # S_t
+    decay = np.tril(np.exp(-(gaps[:, None] - gaps[None, :])))  # exp(A (S_t − S_s)), A = −1, 0 above
+    weights = np.tril(rng.normal(size=(T, T)))
+    return [f"t{i}" for i in range(T)], decay, weights
+
+
+def test_masked_attention_figure_draws_the_mask_the_decay_and_the_weights():
+    tokens, decay, weights = _ssd()
+    fig = masked_attention_figure(tokens, decay, weights, title="probe")
+    mask, left, w = fig.data
+    T = len(tokens)
+    assert np.array_equal(np.array(mask.z), np.triu(np.ones((T, T), dtype=int), 1))  # lesson 01's causal mask
+    assert [row[-1] for row in mask.text[:-1]] == ["−∞"] * (T - 1) and mask.text[-1][-1] == "0"
+    for trace, values in ((left, decay), (w, weights)):
+        z = np.array([[np.nan if v is None else v for v in row] for row in trace.z], dtype=float)
+        assert np.isnan(z[np.triu_indices(T, 1)]).all()  # no cell drawn above the diagonal
+        below = np.tril_indices(T)
+        assert np.allclose(z[below], values[below], rtol=1e-3)  # four significant digits
+    assert w.zmax == pytest.approx(np.abs(weights).max()) and w.zmin == -w.zmax  # symmetric: the sign shows
+    assert fig.layout.title.text == "probe"
+    one = masked_attention_figure(["x"], [[1.0]], [[0.0]])  # T = 1 and an all-zero W still draw
+    assert one.data[2].zmax == 1.0
+
+
+def test_masked_attention_figure_refuses_what_no_masked_attention_gives():
+    tokens, decay, weights = _ssd()
+    with pytest.raises(ValueError, match=r"decay must have shape \(T, T\) = \(5, 5\)"):
+        masked_attention_figure(tokens, decay[:4], weights)
+    with pytest.raises(ValueError, match="must be 0 above the diagonal"):
+        masked_attention_figure(tokens, decay, weights + 1.0)
+    with pytest.raises(ValueError, match=r"decay must lie in \[0, 1\]"):
+        masked_attention_figure(tokens, 2 * decay, weights)
+    with pytest.raises(ValueError, match="weights holds non-finite"):
+        masked_attention_figure(tokens, decay, np.where(weights != 0, np.inf, 0.0))
+    with pytest.raises(ValueError, match="tokens must hold 1"):
+        masked_attention_figure([], [], [])
