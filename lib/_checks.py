@@ -40,27 +40,26 @@ def debug(on: bool | None = None) -> bool:
 
 
 @contextmanager
+def _trusted(value: bool):
+    """Value scans skipped (True) or run (False) inside the block, as they were after it."""
+    before = getattr(_local, "trusted", False)
+    _local.trusted = value
+    try:
+        yield
+    finally:
+        _local.trusted = before
+
+
 def inputs_checked():
     """Inside this block value scans are skipped (unless in debug mode): for a loop that lib runs
     over values it checked at its door, such as generating token after token."""
-    before = getattr(_local, "trusted", False)
-    _local.trusted = True
-    try:
-        yield
-    finally:
-        _local.trusted = before
+    return _trusted(True)
 
 
-@contextmanager
 def caller_code():
     """Inside this block value scans run again: for the caller's code that a checked loop calls
     back (a progress callback), whose arguments lib has not checked."""
-    before = getattr(_local, "trusted", False)
-    _local.trusted = False
-    try:
-        yield
-    finally:
-        _local.trusted = before
+    return _trusted(False)
 
 
 def scan_values() -> bool:
