@@ -243,25 +243,15 @@ class GPT(nn.Module):
         # GPT-2's init, on what this class built: normal(0, 0.02) weights and zero biases, then each
         # residual branch's output projection at std 0.02 / sqrt(2L), so the residual stream's
         # variance does not grow with depth. Parts a `make_block` injected (an MoE, a Mamba mixer)
-        # keep their own init. (The same order as `self.apply`, so a plain GPT draws the same numbers.)
-        injected = {f"transformer.h.{i}." + (f"{part}." if isinstance(block, Block) else ""): None
-                    for i, block in enumerate(self.transformer.h)
-                    for part in (block.injected if isinstance(block, Block) else ("",))}
-        own = [name for name, _ in self.named_modules() if not name.startswith(tuple(injected))]
-        self._init_modules(self, "", set(own))
+        # keep their own init.
+        injected = [part for block in self.transformer.h
+                    for part in ([getattr(block, n) for n in block.injected] if isinstance(block, Block) else [block])]
+        skip_modules = {id(m) for part in injected for m in part.modules()}
+        skip_params = {id(p) for part in injected for p in part.parameters()}
+        self.apply(lambda m: None if id(m) in skip_modules else self._init_weights(m))
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight") and not name.startswith(tuple(injected)):
+            if name.endswith("c_proj.weight") and id(p) not in skip_params:
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    @classmethod
-    def _init_modules(cls, module: nn.Module, name: str, own: set[str]) -> None:
-        """`_init_weights` on `module` and its submodules named in `own`, children first (nn.Module.apply's order)."""
-        for child_name, child in module.named_children():
-            full = f"{name}.{child_name}" if name else child_name
-            if full in own:
-                cls._init_modules(child, full, own)
-        if name in own:
-            cls._init_weights(module)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
