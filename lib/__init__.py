@@ -8,6 +8,7 @@ adds the value scans (NaN, id ranges, mask rows) everywhere.
     the equation     masks (M as an additive matrix), attention (softmax(QKᵀ/√D + M)V, every
                      backend behind one door), rope, norms
     encoder          bert (the encoder, real all-MiniLM-L6-v2 weights, MLM corruption)
+    encoder-decoder  encdec (BERT's layer, a causal decoder and cross-attention; == HF BART)
     decoders         gpt (== Hugging Face GPT-2), mamba (selective SSM, mixer, LM), hybrid,
                      moe (the layer) and moe_lm (a small MoE LM, its router experiment),
                      moe_parallel (experts over processes)

@@ -9,6 +9,8 @@ exactly zero, because exp(−inf) == 0. One representation for every model in th
     padding                     −inf in the columns of padding keys, per sequence
     prefix-LM (T5 prefix, UniLM) zeros among the prefix, causal after it
     sliding window (Mistral)    causal, and only the last `window` keys
+    cross-attention (T5, BART)  a decoder's T queries on an encoder's S keys: rectangular,
+                                −inf only in the columns of the encoder's padding
 
 Masks combine by addition (0 + 0 = 0, anything + −inf = −inf); `combine_masks` does it with
 checks. Shapes follow the course notation: B batch, T query length, S key length (S = T except
@@ -28,6 +30,7 @@ __all__ = [
     "build_mask",
     "causal_mask",
     "combine_masks",
+    "cross_attention_mask",
     "padding_mask",
     "prefix_lm_mask",
     "sliding_window_mask",
@@ -126,6 +129,19 @@ def padding_mask(attention_mask: torch.Tensor, *, dtype=torch.float32) -> torch.
     if scan_values() and not bool(((values == 0) | (values == 1)).all()):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
     return additive_from_bool(values.bool(), dtype=dtype)[:, None, None, :]  # (B, T) -> (B, 1, 1, T)
+
+
+def cross_attention_mask(encoder_attention_mask: torch.Tensor, tgt_len: int, *, dtype=torch.float32) -> torch.Tensor:
+    """(B, 1, T, S) mask of a decoder's T queries on an encoder's S keys (T5's and BART's
+    cross-attention): no causality (the whole source is known before decoding starts), and −inf
+    only in the columns of the encoder's padding (`encoder_attention_mask`, (B, S), 1 = real).
+
+    The same numbers as `padding_mask(encoder_attention_mask)` broadcast to T rows; T and S are
+    independent, so the mask is rectangular.
+    """
+    require_int("tgt_len", tgt_len, minimum=1)
+    keys = padding_mask(encoder_attention_mask, dtype=dtype)  # (B, 1, 1, S)
+    return keys.expand(-1, -1, tgt_len, -1).contiguous()
 
 
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:

@@ -10,6 +10,7 @@ from lib.masks import (
     build_mask,
     causal_mask,
     combine_masks,
+    cross_attention_mask,
     padding_mask,
     prefix_lm_mask,
     sliding_window_mask,
@@ -102,6 +103,15 @@ def test_build_mask_covers_the_zoo():
         assert torch.equal(torch.diagonal(m), torch.zeros(5))  # every query always sees itself
 
 
+def test_cross_attention_mask_is_rectangular_and_blocks_only_encoder_padding():
+    enc = torch.tensor([[1, 1, 1, 1, 0], [0, 1, 1, 0, 0]])  # padding on both sides in row 1
+    m = cross_attention_mask(enc, tgt_len=3)
+    assert m.shape == (2, 1, 3, 5)  # T = 3 decoder queries, S = 5 encoder keys
+    keep = allowed(m)
+    assert torch.equal(keep, enc.bool()[:, None, None, :].expand(2, 1, 3, 5))  # per key, never causal
+    assert torch.equal(cross_attention_mask(enc, 1)[:, :, 0], padding_mask(enc)[:, :, 0])
+
+
 def test_additive_from_bool_maps_true_to_zero():
     keep = torch.tensor([[True, False], [False, True]])
     assert torch.equal(additive_from_bool(keep), torch.tensor([[0.0, NEG_INF], [NEG_INF, 0.0]]))
@@ -125,6 +135,8 @@ def test_additive_from_bool_maps_true_to_zero():
         (lambda: combine_masks(torch.zeros(2, 3), torch.zeros(4, 3)), ValueError, "broadcast"),
         (lambda: combine_masks(torch.zeros(2, 2, dtype=torch.bool)), TypeError, "floating"),
         (lambda: build_mask("diagonal", 4), ValueError, "kind"),
+        (lambda: cross_attention_mask(torch.ones(2, 3), 0), ValueError, "tgt_len"),
+        (lambda: cross_attention_mask(torch.ones(3), 2), ValueError, "(B, T)"),
     ],
 )
 def test_bad_input_raises_a_clear_error(call, error, words):
