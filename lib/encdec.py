@@ -24,6 +24,8 @@ are a function of the encoder's output only, so `cross_kv` computes them once pe
 every step reuses them; the decoder's own keys and values grow in a `KVCache`, as in lesson 04.
 `greedy_decode` does that; `greedy_decode_ref` recomputes everything at every step.
 
+A task to train it on: `reversal_batch` (write the source backwards), with `seq2seq_loss`.
+
 Glossary: B batch, S source length, T target length, C = d_model, H heads, D = C / H.
 """
 
@@ -36,12 +38,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import require_int, require_tensor, require_token_ids
-from lib.attention import attention
+from lib.attention import attention, attention_weights
 from lib.bert import BertConfig, BertLayer
 from lib.kv_cache import KVCache
 from lib.masks import cross_attention_mask, padding_mask
 
-__all__ = ["EncDecConfig", "EncoderDecoder", "greedy_decode", "greedy_decode_ref"]
+__all__ = ["EncDecConfig", "EncoderDecoder", "greedy_decode", "greedy_decode_ref", "reversal_batch", "seq2seq_loss"]
 
 _BART_POSITION_OFFSET = 2  # BART's learned positions start at row 2 of their table (a fairseq habit)
 
@@ -118,9 +120,16 @@ class Attention(nn.Module):
         """src (B, S, C) -> keys and values, each (B, H, S, D)."""
         return _heads(self.k_proj(src), self.H), _heads(self.v_proj(src), self.H)
 
-    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal: bool = False):
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal: bool = False,
+                weights: list | None = None):
+        """x (B, T, C), k and v (B, H, S, D) -> (B, T, C); appends the (B, H, T, S) attention
+        weights to `weights` when given a list."""
         q = _heads(self.q_proj(x), self.H)  # (B, H, T, D)
-        y = attention(q, k, v, mask, causal, backend=self.backend)  # (B, H, T, D)
+        if weights is None:
+            y = attention(q, k, v, mask, causal, backend=self.backend)  # (B, H, T, D)
+        else:
+            weights.append(attention_weights(q, k, mask, causal))  # (B, H, T, S)
+            y = weights[-1] @ v
         B, H, T, D = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
@@ -138,12 +147,14 @@ class DecoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, y, cross_kv, cross_mask, *, cache: KVCache | None = None, start: int = 0):
+    def forward(self, y, cross_kv, cross_mask, *, cache: KVCache | None = None, start: int = 0,
+                cross_weights: list | None = None):
         k, v = self.self_attn.project_kv(y)  # the new positions' keys and values
         if cache is not None:
             k, v = cache.update(start, k, v)  # every target position so far
         y = self.self_attn_layer_norm(y + self.dropout(self.self_attn(y, k, v, causal=True)))
-        y = self.encoder_attn_layer_norm(y + self.dropout(self.encoder_attn(y, *cross_kv, mask=cross_mask)))
+        cross = self.encoder_attn(y, *cross_kv, mask=cross_mask, weights=cross_weights)
+        y = self.encoder_attn_layer_norm(y + self.dropout(cross))
         return self.final_layer_norm(y + self.dropout(self.fc2(F.gelu(self.fc1(y)))))
 
 
@@ -221,10 +232,12 @@ class EncoderDecoder(nn.Module):
         return [layer.encoder_attn.project_kv(memory) for layer in self.decoder.layers]
 
     def decode(self, decoder_input_ids: torch.Tensor, cross_kv, attention_mask: torch.Tensor | None = None, *,
-               caches: list[KVCache] | None = None, start: int = 0) -> torch.Tensor:
+               caches: list[KVCache] | None = None, start: int = 0, return_cross_attentions: bool = False):
         """Target tokens at positions start..start+T-1 -> logits (B, T, V). `cross_kv` from
         `cross_kv(memory)`; `attention_mask` the source's (B, S); `caches` one KVCache per
-        decoder layer holding the target's earlier positions (None: no earlier positions)."""
+        decoder layer holding the target's earlier positions (None: no earlier positions).
+        With `return_cross_attentions`, (logits, [each layer's cross-attention weights
+        (B, H, T, S)])."""
         cfg = self.config
         require_token_ids("decoder_input_ids", decoder_input_ids, vocab_size=cfg.vocab_size,
                           max_len=cfg.max_position_embeddings, context="max_position_embeddings", start=start)
@@ -242,9 +255,12 @@ class EncoderDecoder(nn.Module):
                                  f"got {tuple(attention_mask.shape)}")
             mask = cross_attention_mask(attention_mask, T, dtype=self.shared.weight.dtype)  # (B, 1, T, S)
         y = self._embed(self.decoder, decoder_input_ids, start)
+        weights = [] if return_cross_attentions else None
         for i, layer in enumerate(self.decoder.layers):
-            y = layer(y, cross_kv[i], mask, cache=None if caches is None else caches[i], start=start)
-        return y @ self.shared.weight.T + self.final_logits_bias  # (B, T, V), the head tied to E
+            y = layer(y, cross_kv[i], mask, cache=None if caches is None else caches[i], start=start,
+                      cross_weights=weights)
+        logits = y @ self.shared.weight.T + self.final_logits_bias  # (B, T, V), the head tied to E
+        return (logits, weights) if return_cross_attentions else logits
 
     def forward(self, input_ids, decoder_input_ids, attention_mask=None) -> torch.Tensor:
         memory = self.encode(input_ids, attention_mask)
@@ -333,3 +349,35 @@ def greedy_decode_ref(model: EncoderDecoder, input_ids: torch.Tensor, attention_
         logits = model(input_ids, out, attention_mask)  # (B, t + 1, V)
         out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return out
+
+
+# ---------------------------------------------------------------------- a toy task
+def reversal_batch(step: int, *, batch: int = 64, max_len: int = 8, vocab_size: int = 16, min_len: int = 4,
+                   pad_token_id: int = 1, decoder_start_token_id: int = 2) -> dict[str, torch.Tensor]:
+    """A seq2seq batch, the same for the same `step`: sources of min_len..max_len tokens (ids 3 to
+    vocab_size - 1), right-padded; the target is the source backwards. Returns `input_ids`,
+    `attention_mask` (B, S), `decoder_input_ids` (the start token, then the target shifted right)
+    and `labels` (B, S): the target, −100 where it is padding."""
+    require_int("step", step)
+    require_int("max_len", max_len, minimum=1)
+    require_int("min_len", min_len, minimum=1)
+    if min_len > max_len:
+        raise ValueError(f"min_len must be <= max_len, got min_len={min_len} > max_len={max_len}")
+    if require_int("vocab_size", vocab_size, minimum=4) <= max(pad_token_id, decoder_start_token_id, 2):
+        raise ValueError(f"vocab_size must leave ids above the special ones, got {vocab_size}")
+    g = torch.Generator().manual_seed(step)
+    lengths = torch.randint(min_len, max_len + 1, (require_int("batch", batch, minimum=1),), generator=g)
+    keep = torch.arange(max_len) < lengths[:, None]  # (B, S): right padding
+    src = torch.where(keep, torch.randint(3, vocab_size, (batch, max_len), generator=g), pad_token_id)
+    # reverse each row's real tokens, keep the padding at the end: position j reads source n - 1 - j
+    index = (lengths[:, None] - 1 - torch.arange(max_len)).clamp_min(0)
+    target = torch.where(keep, src.gather(1, index), pad_token_id)
+    decoder_in = torch.cat([torch.full((batch, 1), decoder_start_token_id), target[:, :-1]], dim=1)
+    return dict(input_ids=src, attention_mask=keep.long(), decoder_input_ids=decoder_in,
+                labels=torch.where(keep, target, -100))
+
+
+def seq2seq_loss(model: EncoderDecoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of the next target token at every target position (teacher forcing)."""
+    logits = model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
