@@ -11,8 +11,11 @@ passes each run's record as plain data (or the record itself: anything with the 
 
 A run may also hold "assignments" (S, n_tokens) or (S, L, n_tokens): the expert each token of a
 fixed probe batch was sent to first, at the steps "assignment_steps" (S,); and "tokens", the
-probe's token strings for the hover text. The strip shows the sampled step nearest at or before
-the current one (or the first sample, before it).
+probe's token strings, written on the strip's cells in 16 px, black or white against each cell's
+colour (blanks as ␣ and ↵; a token longer
+than two characters cut to its first and "…", whole in the hover text) so that a projected page
+reads without hovering. The strip shows the sampled step nearest at or before the current one (or
+the first sample, before it).
 
 Dimensions: S steps, L MoE layers, E experts. Load is the share of a layer's routed assignments
 each expert got, so an even router puts 1/E on every expert (the dashed line). One y-scale for
@@ -21,6 +24,7 @@ every run and frame, so α's effect is seen in the heights; every value is in th
 
 from __future__ import annotations
 
+import html
 from typing import Mapping
 
 import numpy as np
@@ -35,6 +39,9 @@ __all__ = ["RouterView", "balance_figure", "check_router_runs", "router_figure"]
 MAX_FRAMES = 40  # animation frames in the static figure: enough to watch, small enough for a page
 MAX_LINE_POINTS = 500  # over-training curves are drawn at most this many steps (evenly strided)
 STRIP_WIDTH = 32  # probe tokens per row of the assignment strip
+LABEL_FONT = 16  # px: the probe's characters, readable on a projector without hovering
+LABEL_RISE = 0.28  # a character sits this far (in cell heights) above its cell's centre, the expert id at it
+VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥"}  # blanks drawn as visible marks
 # Okabe-Ito with grey for black: the strip's dark digits must stay readable on every expert's colour
 EXPERT_COLOURS = OKABE_ITO[:7] + ["#999999"]
 DASHES = ["solid", "dash", "dot", "dashdot"]  # with E > 8 colours repeat; the dash tells lines apart
@@ -144,6 +151,35 @@ def _strip(rec: dict | None, layer: int, step: int) -> dict:
     return {"z": z, "text": text, "customdata": hover}
 
 
+def _label(token: str) -> str:
+    """A probe token as at most two glyphs that plotly draws literally: blanks made visible,
+    longer tokens cut (the whole token is in the hover text), HTML's special characters escaped."""
+    shown = "".join(VISIBLE.get(c, c) for c in token) or "∅"
+    if len(shown) > 2:
+        shown = shown[0] + "…"
+    return html.escape(shown, quote=False)
+
+
+def _ink(background: str) -> str:
+    """Black or white, whichever contrasts more with a "#rrggbb" background (WCAG luminance)."""
+    channels = [int(background[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return "#000000" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "#ffffff"
+
+
+def _strip_labels(rec: dict | None, layer: int, step: int, colours: list[str]) -> dict:
+    """Scatter fields for the probe's characters: one label per cell, in the upper part of the cell
+    (the expert id is at its centre), in black or white against the cell's colour at this step. No
+    labels without recorded tokens: the x axis numbers the cells."""
+    if rec is None or "assignments" not in rec or not rec.get("tokens"):
+        return {"x": [], "y": [], "text": [], "textfont": {"color": "#000000"}}
+    a = rec["assignments"][_sampled_row(rec, step), min(layer, rec["assignments"].shape[1] - 1)]  # (n,)
+    positions = np.arange(a.size)
+    return {"x": (positions % STRIP_WIDTH).tolist(), "y": (positions // STRIP_WIDTH - LABEL_RISE).tolist(),
+            "text": [_label(t) for t in rec["tokens"]], "textfont": {"color": [_ink(colours[e]) for e in a.tolist()]}}
+
+
 def _strip_title(rec: dict | None, layer: int) -> str:
     if rec is None or "assignments" not in rec:
         return "no probe assignments recorded for this run"
@@ -243,7 +279,13 @@ def router_figure(runs: Mapping[str, Mapping], *, run: str | None = None, layer:
     if with_strip:
         fig.add_trace(go.Heatmap(**_strip(rec, layer, step), zmin=-0.5, zmax=E - 0.5, colorscale=_expert_scale(colours),
                                  showscale=False, xgap=1, ygap=1, texttemplate="%{text}",
+                                 textfont={"size": LABEL_FONT - 2},
                                  hovertemplate="%{customdata}: expert %{z}<extra></extra>"), row=3, col=1)
+        # the probe's characters, written on their cells (above the expert id): readable without hover
+        labels = go.Scatter(**_strip_labels(rec, layer, step, colours), mode="text", textposition="middle center",
+                            cliponaxis=False, showlegend=False, name="probe tokens", hoverinfo="skip")
+        labels.textfont.size = LABEL_FONT
+        fig.add_trace(labels, row=3, col=1)
         fig.update_yaxes(autorange="reversed", showticklabels=False, row=3, col=1)
         fig.update_xaxes(title_text="probe token (position in the batch)", row=3, col=1)
 
@@ -266,13 +308,15 @@ def router_figure(runs: Mapping[str, Mapping], *, run: str | None = None, layer:
         meta={"onemask": "router_view", "run": label, "runs": list(runs), "layer": layer, "step": step,
               "shape": [S, L, E]})
     if animate and S > 1:
-        moving = [0, 2 + E + 1, 2 + E + 3, 2 + E + 5] + ([2 + E + 6] if with_strip else [])  # trace indices
+        moving = [0, 2 + E + 1, 2 + E + 3, 2 + E + 5] + ([2 + E + 6, 2 + E + 7] if with_strip else [])  # traces
         frames, slider_steps = [], []
         for s in _frame_steps(S, step):
             data = _moving_traces(rec, layer, s, E, ytop)
             if with_strip:
                 strip = _strip(rec, layer, s)
-                data.append(go.Heatmap(z=strip["z"], text=strip["text"]))  # the token labels do not move
+                data.append(go.Heatmap(z=strip["z"], text=strip["text"]))
+                # the characters stay; their ink follows the cell's colour
+                data.append(go.Scatter(textfont=_strip_labels(rec, layer, s, colours)["textfont"]))
             frames.append(go.Frame(name=str(s), data=data, traces=moving,
                                    layout={"title": {"text": _title(label, rec, layer, s, with_strip)}}))
             slider_steps.append({"label": str(s), "method": "animate",

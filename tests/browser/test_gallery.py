@@ -2,19 +2,28 @@
 `make demo` runs (tools/make_gallery.py), every widget page opened in turn.
 
 On each page: the widget renders a plotly figure with no error output and no console error;
-operating one control with the keyboard alone changes the figure; Tab reaches every control
+operating one control with the keyboard alone redraws the figure, and what it draws is what the
+same widget, built in this test's process at the same defaults, draws for the moved control (every
+trace's x, y, z and text, and the title: the right numbers, not just different ones; the models of
+the three trained widgets are trained again here, seeded, in float64, a few seconds each); the
+router's probe characters are drawn at 16 px without overlapping; Tab reaches every control
 (sliders, menus, text boxes, buttons, checkboxes, play buttons); no request leaves 127.0.0.1
 (Voilà's own template would fetch its icon font from a CDN; the gallery's serves it locally).
 """
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import json
+import math
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from widgets.gallery import GALLERY
+from widgets.gallery import GALLERY, build
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "onemask-gallery-test-token"
@@ -33,6 +42,20 @@ MARK_CONTROLS_JS = """(sel) => {
                                       ?.querySelector('.widget-label')?.textContent || el.textContent || '').trim());
 }"""
 FIGURE = "JSON.stringify([el.data.map(t => [t.x, t.y, t.z, t.text]), el.layout.title])"
+# The drawn figure's data as plain JSON: typed arrays as lists (plotly.js keeps what the widget sent)
+DRAWN_JS = """(el) => {
+  const plain = (v) => v === undefined ? null : ArrayBuffer.isView(v) ? Array.from(v)
+                     : Array.isArray(v) ? v.map(plain) : v;
+  const title = el.layout.title;
+  return JSON.stringify({traces: el.data.map(t => ({x: plain(t.x), y: plain(t.y), z: plain(t.z), text: plain(t.text)})),
+                         title: title === undefined ? null : (typeof title === 'string' ? title : title.text ?? null)});
+}"""
+# The probe characters of the router's strip as drawn: text-mode scatter points of one or two glyphs
+PROBE_LABELS_JS = """(el) => Array.from(el.querySelectorAll('.textpoint text'))
+  .filter(t => t.textContent.length <= 2)
+  .map(t => { const r = t.getBoundingClientRect();
+              return {text: t.textContent, size: parseFloat(getComputedStyle(t).fontSize),
+                      left: r.left, right: r.right, top: r.top, bottom: r.bottom}; })"""
 
 
 def _load_make_gallery():
@@ -115,25 +138,127 @@ def test_widget_renders_without_errors_or_outside_requests(widget_page):
     assert log.failed == []
 
 
-def test_widget_responds_to_the_keyboard(widget_page):
-    """A menu gets ArrowDown (ArrowUp on its last option); otherwise the first slider ArrowRight."""
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)
+
+
+def _plain(value):
+    """Plotly JSON values as lists, strings and floats (a base64 typed array decoded)."""
+    if isinstance(value, dict) and "bdata" in value:
+        shape = value.get("shape", -1)
+        shape = [int(n) for n in shape.split(",")] if isinstance(shape, str) else shape  # "196, 38"
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).reshape(shape).tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _drawn_data(figure) -> dict:
+    """A FigureWidget's data as the page's DRAWN_JS reads it."""
+    from plotly.utils import PlotlyJSONEncoder
+
+    fig = json.loads(json.dumps(figure.to_plotly_json(), cls=PlotlyJSONEncoder))
+    title = fig["layout"].get("title", {})
+    return {"traces": [{k: _plain(t.get(k)) for k in ("x", "y", "z", "text")} for t in fig["data"]],
+            "title": title.get("text") if isinstance(title, dict) else title}
+
+
+def _expected_after_the_move(name: str):
+    """(what the keyboard does, the data drawn before, the data it must lead to): the same widget
+    built here at the gallery's defaults, its control moved as the keys move it in the page. A
+    menu's next option (the previous one on its last); otherwise the first slider three steps right
+    (stopping at its end)."""
+    import ipywidgets as W
+
+    widget = build(name)
+    parts = list(_walk(widget))
+    figure = next(w for w in parts if type(w).__name__ == "FigureWidget")
+    initial = _drawn_data(figure)
+    menus = [w for w in parts if isinstance(w, W.Dropdown) and not w.disabled]
+    if menus:
+        menu = menus[0]
+        at_end = menu.index == len(menu.options) - 1
+        menu.index += -1 if at_end else 1
+        keys = "ArrowUp" if at_end else "ArrowDown"
+    else:
+        slider = next(w for w in parts if isinstance(w, (W.IntSlider, W.FloatSlider)))
+        moved = min(slider.max, slider.value + 3 * slider.step)
+        slider.value = moved if isinstance(slider, W.IntSlider) else round(moved, 10)
+        keys = "ArrowRight"
+    return keys, initial, _drawn_data(figure)
+
+
+def _difference(drawn, expected, where="figure") -> str | None:
+    """Where two figures' data first differ (numbers to 1e-9 relative), or None."""
+    if isinstance(expected, dict) and isinstance(drawn, dict):
+        for key in expected:
+            if (diff := _difference(drawn.get(key), expected[key], f"{where}.{key}")) is not None:
+                return diff
+        return None
+    if isinstance(expected, list) and isinstance(drawn, list):
+        if len(drawn) != len(expected):
+            return f"{where}: {len(drawn)} items drawn, {len(expected)} expected"
+        for i, (d, e) in enumerate(zip(drawn, expected)):
+            if (diff := _difference(d, e, f"{where}[{i}]")) is not None:
+                return diff
+        return None
+    numbers = (int, float)
+    if (isinstance(drawn, numbers) and isinstance(expected, numbers) and not isinstance(drawn, bool)
+            and not isinstance(expected, bool) and math.isclose(drawn, expected, rel_tol=1e-9, abs_tol=1e-12)):
+        return None
+    return None if drawn == expected else f"{where}: drawn {drawn!r}, expected {expected!r}"
+
+
+def _assert_probe_labels_readable(plot):
+    """The router's probe characters: on the page without hovering, at 14 px or more, no two overlapping."""
+    labels = plot.evaluate(PROBE_LABELS_JS)
+    assert len(labels) == 32, labels  # the probe window: 32 characters, one label each
+    assert min(label["size"] for label in labels) >= 14
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            apart = a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
+            assert apart, f"probe labels {a} and {b} overlap"
+
+
+def test_widget_responds_to_the_keyboard_with_the_right_figure(widget_page):
+    """A menu gets ArrowDown (ArrowUp on its last option); otherwise the first slider ArrowRight,
+    three times. The figure changes, and to exactly what the widget draws for that control value."""
     page, log, name = widget_page
     root = page.locator(".onemask-present")
     plot = root.locator(".js-plotly-plot").first
+    if name == "router_animator":
+        _assert_probe_labels_readable(plot)
+    keys, initial, expected = _expected_after_the_move(name)
+    drawn = _plain(json.loads(plot.evaluate(DRAWN_JS)))
+    assert _difference(drawn, initial) is None, f"{name}: the page does not draw the gallery's defaults"
+    assert _difference(drawn, expected) is not None, f"{name}: the move would not change the drawn data"
     before = plot.evaluate(f"(el) => {FIGURE}")
     selects = root.locator(".widget-dropdown select:not([disabled])")
     if selects.count():
         select = selects.first
         select.focus()
         at_end = select.evaluate("(s) => s.selectedIndex === s.options.length - 1")
-        select.press("ArrowUp" if at_end else "ArrowDown")
+        assert keys == ("ArrowUp" if at_end else "ArrowDown"), f"{name}: the page and this test move different controls"
+        select.press(keys)
     else:
+        assert keys == "ArrowRight", f"{name}: the page has no menu where the widget has one"
         handle = root.locator(".noUi-handle").first
         handle.focus()
         for _ in range(3):
             handle.press("ArrowRight")
     page.wait_for_function(f"([el, old]) => {FIGURE} !== old",
                            arg=[plot.element_handle(), before], timeout=60_000)
+    deadline, diff = time.time() + 60, "not compared"  # a slider's intermediate steps redraw first
+    while time.time() < deadline:
+        diff = _difference(_plain(json.loads(plot.evaluate(DRAWN_JS))), expected)
+        if diff is None:
+            break
+        time.sleep(0.25)
+    assert diff is None, f"{name}: after {keys}, {diff}"
     assert log.console_errors == [] and log.page_errors == []
 
 

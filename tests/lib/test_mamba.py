@@ -201,6 +201,37 @@ def test_traced_states_are_the_layers_own_recurrence_and_selective_steps_differ_
         trace_states(model, idx, layer=2)
 
 
+def test_traced_delta_is_the_step_size_the_layers_scan_used(monkeypatch):
+    """The Δ that trace_states returns (what widgets.SSMStateView draws) is the one the layer's own
+    scan ran with: softplus(dt + dt_proj.bias) of the dt handed to the scan when selective, the Δ
+    handed to it when not; and, recomputed from the layer's weights, softplus(dt_proj(x_proj(x)_Δ))."""
+    import lib.mamba as mamba
+
+    for selective in (True, False):
+        torch.manual_seed(0)
+        model = MambaLM(MambaConfig(vocab_size=10, d_model=16, n_layers=2, selective=selective))
+        ssm = model.layers[1].mixer.ssm
+        seen = []
+        scan = mamba.SCANS[ssm.scan]
+
+        def recording(x, delta, *args, _scan=scan, **kwargs):
+            seen.append((x, delta, kwargs.get("delta_bias"), kwargs.get("delta_softplus", False)))
+            return _scan(x, delta, *args, **kwargs)
+
+        monkeypatch.setitem(mamba.SCANS, ssm.scan, recording)
+        idx = torch.randint(10, (2, 9), generator=torch.Generator().manual_seed(1))
+        tr = trace_states(model, idx, layer=1)
+        monkeypatch.setitem(mamba.SCANS, ssm.scan, scan)
+        x, delta, bias, softplus = seen[1]  # layer 1's scan (layer 0's ran first)
+        used = F.softplus(delta + bias) if softplus else delta  # (B, T, D): what the scan stepped with
+        assert softplus == selective and torch.allclose(tr["delta"], used, rtol=1e-6, atol=1e-7)
+        if selective:
+            dt = F.linear(x, ssm.x_proj.weight)[..., :ssm.dt_rank]  # (B, T, R)
+            assert torch.allclose(tr["delta"], F.softplus(ssm.dt_proj(dt)), rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(tr["delta"][0, 0], F.softplus(ssm.dt_bias))
+
+
 def test_traced_states_of_a_float64_model_stay_float64():
     """trace_states recomputes in the model's dtype (at least fp32): a float64 model, as the lessons
     train, is traced in float64 and its recomputation reproduces the layer to float64 rounding."""

@@ -88,7 +88,7 @@ def test_probe_strip_shows_the_sample_at_or_before_the_step_with_expert_numbers(
     rec = _run(S=12, L=2, E=4, probe=True)  # samples at steps 0, 6, 11; 40 tokens wrap into two rows
     rec["tokens"] = [f"t{i}" for i in range(40)]
     fig = router_figure({"r": rec}, layer=1, step=7)
-    strip = fig.data[-1]
+    strip = fig.data[-2]  # the last trace writes the probe's characters on it
     row = rec["assignments"][1, 1]  # step 7 -> the sample at step 6, layer 1
     assert np.array(strip.z, dtype=float).ravel()[:40].tolist() == row.tolist()
     assert [t for r in strip.text for t in r][:40] == [str(e) for e in row]  # the number, not colour alone
@@ -97,11 +97,67 @@ def test_probe_strip_shows_the_sample_at_or_before_the_step_with_expert_numbers(
     for frame in fig.frames:
         s = int(frame.name)
         sample = 0 if s < 6 else 1 if s < 11 else 2
-        assert np.array(frame.data[-1].z, dtype=float).ravel()[:40].tolist() == rec["assignments"][sample, 1].tolist()
+        assert np.array(frame.data[-2].z, dtype=float).ravel()[:40].tolist() == rec["assignments"][sample, 1].tolist()
     # 2-D assignments (one layer's routing) default their steps when there is one row per step
     flat = {"load": rec["load"], "loss": rec["loss"], "aux_loss": rec["aux_loss"],
             "assignments": np.zeros((12, 5), dtype=int)}
     assert check_router_runs({"r": flat})["r"]["assignment_steps"].tolist() == list(range(12))
+
+
+def _probe_labels(fig):
+    """The trace that writes the probe's characters on the strip, as {(x, y): label}."""
+    labels = [t for t in fig.data if t.name == "probe tokens"]
+    assert len(labels) == 1 and labels[0].mode == "text"
+    return labels[0], {(x, round(y)): text for x, y, text in zip(labels[0].x, labels[0].y, labels[0].text)}
+
+
+def test_probe_characters_are_written_on_the_strip_at_every_control_value():
+    """A projector shows no hover: every probe character is a text label in the figure's data, 16 px,
+    one per cell (two glyphs at most, so neighbours never overlap), blanks made visible, for the
+    default view and the extreme steps, layers and runs the controls allow."""
+    text = "the cat <sat> & ran\nto\tx"  # 24 characters, with the blanks and HTML's special characters
+    runs = {}
+    for seed, S in ((1, 12), (2, 5)):
+        rec = _run(S=S, L=2, E=4, seed=seed, probe=True)
+        rec["assignments"], rec["assignment_steps"] = rec["assignments"][:, :, :len(text)], [0, S // 2, S - 1]
+        rec["tokens"] = list(text)
+        runs[f"run {seed}"] = rec
+    shown = ["t", "h", "e", "␣", "c", "a", "t", "␣", "&lt;", "s", "a", "t", "&gt;", "␣", "&amp;", "␣", "r", "a", "n",
+             "↵", "t", "o", "⇥", "x"]
+    view = RouterView(runs)
+    for fig in [router_figure(runs), view.figure]:  # the static default (last step) and the live one (step 0)
+        trace, at = _probe_labels(fig)
+        assert trace.textfont.size >= 14 and [at[(i, 0)] for i in range(len(text))] == shown
+    c = view.controls
+    for label in c["run"].options:
+        c["run"].value = label
+        for layer in (0, 1):
+            c["layer"].value = layer
+            for step in (c["step"].min, c["step"].max):
+                c["step"].value = step
+                trace, at = _probe_labels(view.figure)
+                assert [at[(i, 0)] for i in range(len(text))] == shown
+                strip = view.figure.data[-2]  # the expert ids stay, at the cells' centre
+                experts = runs[label]["assignments"][-1 if step == c["step"].max else 0, layer]
+                assert [int(t) for t in strip.text[0][:len(text)]] == experts.tolist()
+                # the ink contrasts with the cell: white on the dark blue of expert 0, black elsewhere here
+                assert list(trace.textfont.color) == ["#ffffff" if e == 0 else "#000000" for e in experts]
+    fig = router_figure(runs, layer=1)  # every frame recolours the ink with the cells
+    labels = len(fig.data) - 1
+    for frame in fig.frames:
+        ink = dict(zip(frame.traces, frame.data))[labels].textfont.color
+        experts = runs["run 1"]["assignments"][router_view._sampled_row(check_router_runs(runs)["run 1"],
+                                                                         int(frame.name)), 1]
+        assert list(ink) == ["#ffffff" if e == 0 else "#000000" for e in experts]
+    # many tokens wrap into rows, one label per cell; long tokens are cut to two glyphs, none without tokens
+    rec = _run(S=3, L=1, E=2, probe=True)
+    rec["assignments"] = rec["assignments"][:, :1] % 2
+    rec["tokens"] = [f"word{i}" for i in range(40)]
+    _, at = _probe_labels(router_figure({"r": rec}, step=0))
+    assert len(at) == 40 and at[(0, 1)] == "w…" and all(len(v) <= 2 for v in at.values())
+    del rec["tokens"]
+    trace, at = _probe_labels(router_figure({"r": rec}, step=2))
+    assert at == {}
 
 
 def test_single_step_run_and_one_expert_one_layer():
@@ -224,7 +280,7 @@ def test_live_view_survives_every_control_value_and_redraws():
     assert c["step"].value == 3 and view.figure.layout.meta["step"] == 3
     assert "no probe assignments" in view.figure.layout.annotations[4].text
     c["run"].value = "α = 0"
-    assert "probe tokens" in view.figure.layout.annotations[4].text and view.figure.data[-1].z[0][0] is not None
+    assert "probe tokens" in view.figure.layout.annotations[4].text and view.figure.data[-2].z[0][0] is not None
     assert "live widget" in view._repr_mimebundle_()["text/plain"]
 
 
