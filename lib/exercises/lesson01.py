@@ -3,6 +3,9 @@
     check_causal_mask(fn)      fn(T) -> (T, T) additive causal mask, equal to lib.masks.causal_mask
     check_masked_attention(fn) fn(q, k, v, mask) -> softmax(QKᵀ/√D + M)V, equal to
                                lib.attention.attention_ref, zeros for rows with no visible key
+    check_cross_attention_mask(fn)
+                               fn(encoder_attention_mask (B, S), tgt_len) -> (B, 1, T, S) additive
+                               mask, equal to lib.masks.cross_attention_mask
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ import torch
 
 from lib.attention import attention_ref
 from lib.exercises import Case, CheckReport, run_checks
-from lib.masks import causal_mask, combine_masks, padding_mask
+from lib.masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
 
-__all__ = ["check_causal_mask", "check_masked_attention"]
+__all__ = ["check_causal_mask", "check_cross_attention_mask", "check_masked_attention"]
 
 NEG_INF = float("-inf")
 
@@ -108,3 +111,57 @@ def check_masked_attention(fn) -> CheckReport:
         return "NaN or inf from exp(): subtract each row's maximum from the scores before exp"
 
     return run_checks("Exercise 1.2 (masked attention)", fn, cases, nan_hint=nan_hint)
+
+
+# --------------------------------------------------------------------------- 1.3 cross-attention
+def _diagnose_cross(keep: torch.Tensor, T: int):
+    B, S = keep.shape
+    expected = cross_attention_mask(keep, T)
+    blocked = torch.isneginf(expected)  # (B, 1, T, S)
+    # the two ways a causal triangle gets added: top-left (triu) and bottom-right (kv_len) aligned
+    triangles = [torch.ones(T, S, dtype=torch.bool).triu(diagonal=1)]
+    if S >= T:
+        triangles.append(torch.isneginf(causal_mask(T, kv_len=S)))
+
+    def diagnose(got: torch.Tensor) -> str | None:
+        if got.dtype == torch.bool:
+            return "return an additive float mask (0 = may look, -inf = may not), not True/False"
+        if not got.is_floating_point():
+            return "the mask must be a floating tensor so that it can hold -inf"
+        if got.shape == (B, 1, 1, S):
+            return ("that is BERT's padding mask, one row shared by all queries: give each of the T decoder "
+                    "queries its own row, (B, 1, 1, S) -> (B, 1, T, S), e.g. with .expand(-1, -1, tgt_len, -1)")
+        if got.shape == (T, S):
+            return "each sequence has its own source padding: keep the batch dimension, (B, 1, T, S)"
+        if got.shape != expected.shape:
+            return None
+        got_blocked = torch.isneginf(got)
+        if any(torch.equal(got_blocked, blocked | tri) for tri in triangles):
+            return ("that adds a causal triangle: cross-attention has none, since the whole source is known before "
+                    "decoding starts; block only the encoder's padding columns")
+        if torch.equal(got_blocked, ~blocked):
+            return "inverted: 1 marks a real source token (0 in the mask), 0 marks padding (-inf)"
+        if S == T and torch.equal(got_blocked, (keep == 0)[:, None, :, None].expand(B, 1, T, S)):
+            return ("that masks query rows: padding in the source must block keys, the columns "
+                    "(the last dimension), whatever the decoder's row")
+        finite = got[torch.isfinite(got)]
+        if finite.numel() and bool((finite != 0).any()):
+            return "allowed entries must be exactly 0 and blocked ones exactly -inf (float('-inf'), not -1e9)"
+        return None
+
+    return diagnose
+
+
+def check_cross_attention_mask(fn) -> CheckReport:
+    """fn(encoder_attention_mask (B, S) of 1/0, tgt_len T) must return lib.masks.cross_attention_mask's
+    (B, 1, T, S) float32 mask: -inf in the columns of the source's padding, for every query row."""
+    cases = []
+    for name, keep, T in [
+        ("T = S = 5, source padding on both sides", torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 0, 0]]), 5),
+        ("one target token (T = 1), S = 4, right padding", torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), 1),
+        ("a target longer than the source: T = 7, S = 3", torch.tensor([[1, 1, 0], [0, 1, 1], [1, 1, 1]]), 7),
+        ("T = 3, S = 6, left padding", torch.tensor([[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]]), 3),
+    ]:
+        cases.append(Case(name, (keep, T), cross_attention_mask(keep, T), exact=True,
+                          diagnose=_diagnose_cross(keep, T)))
+    return run_checks("Exercise 1.3 (the cross-attention mask)", fn, cases)

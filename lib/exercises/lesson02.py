@@ -4,16 +4,19 @@
                             lib.masks.padding_mask
     check_mlm_corrupt(fn)   fn(input_ids, mask_token_id, vocab_size, special_token_ids, generator)
                             -> (corrupted, labels) following BERT's 15% / 80-10-10 rule
+    check_mean_pool(fn)     fn(hidden (B, T, C), attention_mask (B, T)) -> (B, C), the mean of the real
+                            tokens' states, equal to lib.bert.mean_pool(..., normalize=False)
 """
 
 from __future__ import annotations
 
 import torch
 
+from lib.bert import mean_pool
 from lib.exercises import Case, CheckReport, call_learner, run_checks
 from lib.masks import padding_mask
 
-__all__ = ["check_mlm_corrupt", "check_padding_mask"]
+__all__ = ["check_mean_pool", "check_mlm_corrupt", "check_padding_mask"]
 
 
 def _diagnose_padding(keep: torch.Tensor):
@@ -170,3 +173,53 @@ def check_mlm_corrupt(fn) -> CheckReport:
                     "another seed another one",
                     "pass generator=generator to every torch.rand / torch.randint call (not the global random state)")
     return CheckReport(name, True, n_checks)
+
+
+# --------------------------------------------------------------------------- 2.3 mean pooling
+def _diagnose_pool(hidden: torch.Tensor, keep: torch.Tensor):
+    B, T, C = hidden.shape
+    w = keep.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    summed = (hidden * w).sum(1)  # (B, C)
+    expected = summed / w.sum(1)
+
+    def diagnose(got: torch.Tensor) -> str | None:
+        if got.shape == (B, T, C):
+            return "average over the tokens: reduce dimension 1, (B, T, C) -> (B, C)"
+        if got.shape != (B, C):
+            return None
+        near = lambda x: bool(torch.allclose(got, x, rtol=1e-4, atol=1e-4))  # noqa: E731
+        if near(hidden.mean(1)):
+            return ("the padding positions were averaged in: their states are not zero, so weight each position "
+                    "by attention_mask before summing, and count only the real tokens")
+        if near(summed / T):
+            return ("the sum is right but it was divided by T, the padded length: divide by each sequence's number "
+                    "of real tokens, attention_mask.sum(1)")
+        if near(torch.nn.functional.normalize(expected, dim=-1)):
+            return ("that is L2-normalised: lib.bert.mean_pool does that afterwards (normalize=True), but this "
+                    "exercise asks for the plain mean")
+        if near(hidden[:, 0]):
+            return "that is the first token's ([CLS]) vector: mean pooling averages every real token"
+        return None
+
+    return diagnose
+
+
+def check_mean_pool(fn) -> CheckReport:
+    """fn(hidden (B, T, C), attention_mask (B, T) of 1/0) must return the (B, C) mean of the hidden
+    states at the real positions, equal to lib.bert.mean_pool(hidden, attention_mask, normalize=False)."""
+    g = torch.Generator().manual_seed(3)
+    cases = []
+    for name, keep, C in [
+        ("one sequence of 3 tokens, no padding", torch.tensor([[1, 1, 1]]), 4),
+        ("T = 1", torch.tensor([[1], [1]]), 3),
+        ("right padding", torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]), 8),
+        ("padding on both sides, a sequence with a single real token",
+         torch.tensor([[0, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]]), 6),
+    ]:
+        B, T = keep.shape
+        hidden = torch.randn(B, T, C, generator=g) + 1.0
+        hidden[keep == 0] = 20.0 + 5 * torch.randn(int((keep == 0).sum()), C, generator=g)  # padding is not zero
+        # fp32, at most 5 terms of size ~1 summed in any order: agreement to ~1e-7
+        cases.append(Case(name, (hidden, keep), mean_pool(hidden, keep, normalize=False), atol=1e-5, rtol=1e-5,
+                          diagnose=_diagnose_pool(hidden, keep)))
+    return run_checks("Exercise 2.3 (mean pooling that ignores padding)", fn, cases)

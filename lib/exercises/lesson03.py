@@ -6,6 +6,9 @@
                              set to -inf, equal to lib.sampling.top_p_filter
     check_rope(fn)           fn(x (B, H, T, D), positions (T,)) -> x rotated by RoPE (rotate-half
                              pairing, base 10000), equal to lib.rope.apply_rope_ref
+    check_repetition_penalty(fn)
+                             fn(logits (B, V), input_ids (B, T), penalty) -> (B, V): CTRL's penalty on
+                             every token already in row b's context (Keskar et al. 2019, §4.1)
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lib.exercises import Case, CheckReport, run_checks
+from lib.exercises import Case, CheckReport, call_learner, run_checks
 from lib.gpt import clm_loss
 from lib.rope import apply_rope_ref
 from lib.sampling import top_p_filter
 
-__all__ = ["check_clm_loss", "check_rope", "check_top_p_filter"]
+__all__ = ["check_clm_loss", "check_repetition_penalty", "check_rope", "check_top_p_filter"]
 
 
 def _loss_cases() -> list[Case]:
@@ -121,3 +124,79 @@ def check_rope(fn) -> CheckReport:
         cases.append(Case(name, (x.clone(), positions), apply_rope_ref(x, positions), atol=1e-5, rtol=1e-5,
                           diagnose=_diagnose_rope(x, positions)))
     return run_checks("Exercise 3.3 (a RoPE rotation)", fn, cases)
+
+
+# --------------------------------------------------------------------------- 3.4 repetition penalty
+def _penalised(logits: torch.Tensor, seen: torch.Tensor, factor) -> torch.Tensor:
+    """Positive logits divided by `factor`, negative ones multiplied, where `seen`."""
+    return torch.where(seen, torch.where(logits > 0, logits / factor, logits * factor), logits)
+
+
+def repetition_penalty_ref(logits: torch.Tensor, input_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's repetition penalty, as Hugging Face's RepetitionPenaltyLogitsProcessor applies it:
+    each token present in row b's context, once however often it appears, has its logit divided
+    by `penalty` if positive and multiplied by it if negative (both make it less likely)."""
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, input_ids, True)  # (B, V)
+    return _penalised(logits, seen, penalty)
+
+
+def _diagnose_penalty(logits: torch.Tensor, ids: torch.Tensor, penalty: float):
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids, True)
+    counts = torch.zeros_like(logits).scatter_add_(1, ids, torch.ones(ids.shape))
+    anywhere = torch.zeros_like(seen)
+    anywhere[:, ids.unique()] = True  # every row's context pooled
+
+    def diagnose(got: torch.Tensor) -> str | None:
+        near = lambda x: bool(torch.allclose(got, x, rtol=1e-5, atol=1e-6))  # noqa: E731
+        if near(torch.where(seen, logits / penalty, logits)):
+            return ("a negative logit divided by the penalty moves toward 0, which makes the token MORE likely: "
+                    "divide positive logits by the penalty and multiply negative ones")
+        if near(torch.where(seen, torch.where(logits > 0, logits * penalty, logits / penalty), logits)):
+            return "backwards: the penalty must lower a repeated token's logit (positive: divide, negative: multiply)"
+        if near(_penalised(logits, seen, penalty ** counts)):
+            return "penalise each token once, however many times it appears in the context"
+        if near(_penalised(logits, anywhere, penalty)):
+            return "each row has its own context: in row b penalise only the tokens of input_ids[b]"
+        if near(_penalised(logits, torch.ones_like(seen), penalty)):
+            return "only the tokens that appear in input_ids are penalised, not the whole vocabulary"
+        return None
+
+    return diagnose
+
+
+def check_repetition_penalty(fn) -> CheckReport:
+    """fn(logits (B, V), input_ids (B, T), penalty) must return a new (B, V) tensor: logits of tokens
+    in each row's context divided by penalty when positive, multiplied by it when negative."""
+    name = "Exercise 3.4 (a repetition penalty)"
+    g = torch.Generator().manual_seed(3)
+    mixed = 2 * torch.randn(2, 12, generator=g)
+    mixed[:, 5] = 0.0  # a zero logit stays zero
+    cases = []
+    for case, logits, ids, penalty in [
+        ("one row, a context of one token", torch.tensor([[2.0, -1.0, 0.5, 3.0]]), torch.tensor([[3]]), 1.5),
+        ("negative logits in the context", torch.tensor([[1.0, -2.0, 0.5, -0.5, 3.0]]), torch.tensor([[1, 3, 4]]), 1.2),
+        ("a token repeated three times in the context", torch.tensor([[4.0, -3.0, 1.0, 2.0, -1.0]]),
+         torch.tensor([[1, 1, 1, 0]]), 2.0),
+        ("two rows with different contexts, a zero logit", mixed, torch.tensor([[0, 5, 7, 2], [9, 9, 3, 11]]), 1.3),
+    ]:
+        # fp32: logits / penalty and logits * (1 / penalty) differ by at most one rounding (~1e-7 relative)
+        cases.append(Case(case, (logits, ids, penalty), repetition_penalty_ref(logits, ids, penalty), atol=1e-6,
+                          rtol=1e-6, diagnose=_diagnose_penalty(logits, ids, penalty)))
+    if not callable(fn):
+        return call_learner(name, fn, (), "", len(cases) + 1)[1]
+    modified = []
+
+    def learner(logits, ids, penalty):
+        before = logits.clone()
+        out = fn(logits, ids, penalty)
+        if not torch.equal(logits, before):
+            modified.append(True)
+        return out
+
+    report = run_checks(name, learner, cases)
+    if not report.passed:
+        return report
+    if modified:
+        return CheckReport(name, False, len(cases), None, "the logits passed in were modified",
+                           "work on a copy (out = logits.clone(), or torch.where): the caller may still need them")
+    return CheckReport(name, True, len(cases))

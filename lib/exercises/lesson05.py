@@ -6,17 +6,20 @@
                                      equal to lib.kernels.key_block_bounds
     check_row_logsumexp(fn)          fn(x (R, C) float32) -> (R,) float32, the row-wise log-sum-exp
                                      computed by the learner's Triton kernel, equal to torch.logsumexp
+    check_merge_attention(fn)        fn(o1, lse1, o2, lse2) -> (o, lse): two blocks' normalised attention
+                                     outputs and log-sum-exps merged into attention over both blocks
+                                     (the split-KV step of flash-decoding), equal to attention_ref
 """
 
 from __future__ import annotations
 
 import torch
 
-from lib.attention import online_softmax_update
+from lib.attention import attention_ref, attention_scores, online_softmax_update
 from lib.exercises import CheckReport, call_learner
 from lib.kernels.flash import key_block_bounds
 
-__all__ = ["check_key_block_bounds", "check_online_softmax_update", "check_row_logsumexp"]
+__all__ = ["check_key_block_bounds", "check_merge_attention", "check_online_softmax_update", "check_row_logsumexp"]
 
 
 # --------------------------------------------------------------------------- 5.1 online softmax
@@ -49,7 +52,7 @@ def check_online_softmax_update(fn) -> CheckReport:
             got, report = call_learner(name, fn, args, case, len(cases))
             if report is not None:
                 return report
-            m_old, l_old, acc_old = m, l, acc
+            l_old, acc_old = l, acc
             m, l, acc = online_softmax_update(m, l, acc, scores[:, start:end], values[start:end])
             step = f"{case}, keys {start}..{end - 1}"
 
@@ -197,4 +200,87 @@ def check_row_logsumexp(fn) -> CheckReport:
             else:
                 hint = "logsumexp(x) = m + log(sum(exp(x - m))) with m the row max; check the row offset row * stride"
             return fail(f"wrong values (largest difference {(got - expected).abs().max().item():.3g})", hint)
+    return CheckReport(name, True, len(cases))
+
+
+# --------------------------------------------------------------------------- 5.4 merging two key blocks
+def _split_attention(seed: int, B: int, H: int, T: int, split: int, S: int, D: int, *, shift: float = 0.0,
+                     blocked: tuple = ()):
+    """Attention of (B, H, T, D) queries on S keys, computed in float64 on keys [0, split) and
+    [split, S) separately and on all of them; `blocked` lists (query, first key, end key) ranges
+    set to -inf, `shift` is added to every score (the outputs do not change, every lse moves by
+    it). Returns the two blocks' (o, lse) and the whole's, rounded to float32."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
+    k, v = torch.randn(B, H, S, D, generator=g, dtype=torch.float64), torch.randn(B, H, S, D, generator=g,
+                                                                                  dtype=torch.float64)
+    mask = torch.zeros(T, S, dtype=torch.float64)
+    for row, start, end in blocked:
+        mask[row, start:end] = float("-inf")
+    parts = []
+    for keys in (slice(0, split), slice(split, S), slice(0, S)):
+        m = mask[:, keys]
+        o = attention_ref(q, k[:, :, keys], v[:, :, keys], m)  # zeros for a row with no visible key
+        lse = torch.logsumexp(attention_scores(q, k[:, :, keys]) + m, dim=-1) + shift  # (B, H, T); -inf: no key
+        parts.append((o.float(), lse.float()))
+    return parts
+
+
+def check_merge_attention(fn) -> CheckReport:
+    """fn(o1 (..., T, D), lse1 (..., T), o2, lse2) -> (o, lse): from each key block's normalised
+    output and log-sum-exp, the attention over both blocks and its log-sum-exp."""
+    name = "Exercise 5.4 (merging two blocks of keys)"
+    # fp32 inputs rounded from a float64 truth: the merge adds a few roundings of size ~1e-7 relative, but
+    # an lse near 100 carries an absolute rounding of ~4e-6, which exp() turns into that relative error
+    # in each block's weight; the plain-attention cases are held to 1e-5, the large-score one to 1e-4
+    cases = [
+        ("two blocks of 4 keys, 3 queries", _split_attention(0, 1, 2, 3, 4, 8, 8), 1e-5),
+        ("uneven blocks: 1 key, then 6", _split_attention(1, 2, 1, 5, 1, 7, 16), 1e-5),
+        ("scores near 100: exp(lse) overflows float32", _split_attention(2, 1, 2, 4, 3, 7, 16, shift=100.0), 1e-4),
+        ("a query that sees no key in the first block (lse1 = -inf)",
+         _split_attention(3, 1, 1, 4, 3, 6, 8, blocked=((0, 0, 3), (2, 0, 3))), 1e-5),
+        ("a query that sees no key at all (both lse = -inf): its output is 0",
+         _split_attention(4, 1, 1, 3, 2, 5, 8, blocked=((1, 0, 5),)), 1e-5),
+    ]
+    for case, ((o1, lse1), (o2, lse2), (o, lse)), tol in cases:
+        got, report = call_learner(name, fn, (o1, lse1, o2, lse2), case, len(cases))
+        if report is not None:
+            return report
+
+        def fail(problem, hint=None, case=case):
+            return CheckReport(name, False, len(cases), case, problem, hint)
+
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            return fail(f"returned {type(got).__name__}, expected a tuple (o, lse) of tensors")
+        g_o, g_lse = got
+        if g_o.shape != o.shape or g_lse.shape != lse.shape:
+            return fail(f"returned shapes {tuple(g_o.shape)} and {tuple(g_lse.shape)}, expected {tuple(o.shape)} and "
+                        f"{tuple(lse.shape)}", "o keeps o1's shape, lse keeps lse1's: one number per query row")
+        if bool(torch.isnan(g_o).any() | torch.isnan(g_lse).any()):
+            if bool((torch.isneginf(lse1) & torch.isneginf(lse2)).any()):
+                hint = ("a row with no visible key has lse1 = lse2 = -inf, and exp(-inf - (-inf)) is NaN: "
+                        "give such a row o = 0 and lse = -inf (e.g. torch.where on torch.isneginf(lse))")
+            else:
+                hint = ("exp(lse) overflows float32 once lse passes ~88: weight each block by exp(lse_i - lse), "
+                        "with lse = torch.logaddexp(lse1, lse2), never by exp(lse_i) itself")
+            return fail("the result contains NaN", hint)
+        close = lambda a, b: bool(torch.allclose(a, b, rtol=tol, atol=tol))  # noqa: E731
+        if not close(g_lse, lse):
+            if close(g_lse, torch.maximum(lse1, lse2)):
+                hint = "the total is log(e^lse1 + e^lse2) = torch.logaddexp(lse1, lse2), not the larger of the two"
+            elif close(g_lse, lse1 + lse2):
+                hint = ("adding two logs multiplies the sums they stand for: the total is "
+                        "log(e^lse1 + e^lse2) = torch.logaddexp(lse1, lse2)")
+            else:
+                hint = "lse = torch.logaddexp(lse1, lse2): the log of the two blocks' summed exp-scores"
+            return fail("wrong lse", hint)
+        if not close(g_o, o):
+            if close(g_o, (o1 + o2) / 2):
+                hint = ("a plain average weights both blocks alike: weight block i by its share of the softmax "
+                        "mass, exp(lse_i - lse)")
+            elif close(g_o, o1 * lse1.exp().unsqueeze(-1) + o2 * lse2.exp().unsqueeze(-1)):
+                hint = "o1 and o2 are each normalised by their own sum: divide by the total, weights exp(lse_i - lse)"
+            else:
+                hint = "o = exp(lse1 - lse) * o1 + exp(lse2 - lse) * o2, each weight broadcast over D ([..., None])"
+            return fail("wrong o", hint)
     return CheckReport(name, True, len(cases))

@@ -6,16 +6,20 @@
                              -> (y (B, D), h_next (B, D, N)): one step of the selective recurrence
     check_scan_combine(fn)   fn((a1, b1), (a2, b2)) -> (a, b): "do left, then right" as one step,
                              equal to lib.scan.scan_combine
+    check_causal_conv1d(fn)  fn(x (B, T, E), weight (E, K), bias (E,)) -> (B, T, E): the mixer's short
+                             causal depthwise convolution, equal to lib.conv.causal_conv1d_ref
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from lib.exercises import CheckReport, call_learner
+from lib.conv import causal_conv1d_ref
+from lib.exercises import Case, CheckReport, call_learner, run_checks
 from lib.scan import discretize, scan_combine, selective_scan_ref
 
-__all__ = ["check_discretize", "check_scan_combine", "check_ssm_step"]
+__all__ = ["check_causal_conv1d", "check_discretize", "check_scan_combine", "check_ssm_step"]
 
 # fp32, a handful of terms: any correct order of operations agrees to ~1e-7
 _TOL = dict(rtol=1e-5, atol=1e-6)
@@ -136,3 +140,59 @@ def check_scan_combine(fn) -> CheckReport:
     if not torch.allclose(acc[1], h, **_TOL):
         return CheckReport(name, False, len(cases) + 1, case, "the folded offset is not the final state")
     return CheckReport(name, True, len(cases) + 1)
+
+
+# --------------------------------------------------------------------------- 6.4 the short convolution
+def _conv_padded(x, weight, bias, left: int, right: int):
+    """A depthwise conv1d over x (B, T, E) zero-padded by `left` and `right` positions -> (B, T', E)."""
+    E, K = weight.shape
+    xs = F.pad(x.transpose(1, 2), (left, right))  # (B, E, left + T + right)
+    return F.conv1d(xs, weight.unsqueeze(1), bias, groups=E).transpose(1, 2)
+
+
+def _diagnose_conv(x, weight, bias):
+    B, T, E = x.shape
+    K = weight.shape[1]
+
+    def diagnose(got: torch.Tensor) -> str | None:
+        if got.shape == (B, E, T) and E != T:
+            return "conv1d works on (B, E, T): transpose back to (B, T, E)"
+        if got.shape == (B, T + K - 1, E):
+            return ("padding K - 1 on both sides gives T + K - 1 outputs: pad on the left only, or keep the "
+                    "first T outputs")
+        if got.shape == (B, T - K + 1, E) or (T < K and got.numel() == 0):
+            return "without padding the first K - 1 positions have no output: pad K - 1 zeros on the left"
+        if got.shape != (B, T, E):
+            return None
+        near = lambda y: bool(torch.allclose(got, y, rtol=1e-4, atol=1e-4))  # noqa: E731
+        if K > 1 and near(_conv_padded(x, weight.flip(-1), bias, K - 1, 0)):
+            return ("the weights are reversed: weight[:, K - 1] multiplies the current input x_t and weight[:, 0] "
+                    "the oldest, x_(t-K+1) (conv1d slides the kernel as it is, it does not flip it)")
+        if K > 1 and any(near(_conv_padded(x, w, bias, left, K - 1 - left)) for left in range(K - 1)
+                         for w in (weight, weight.flip(-1))):
+            return ("the output at t reads inputs after t, which a decoder has not seen yet: pad K - 1 zeros on the "
+                    "left only, so that y_t sees x_(t-K+1) .. x_t")
+        if near(_conv_padded(x, weight, None, K - 1, 0)):
+            return "add each channel's bias"
+        return None
+
+    return diagnose
+
+
+def check_causal_conv1d(fn) -> CheckReport:
+    """fn(x (B, T, E), weight (E, K), bias (E,)) -> y (B, T, E), y[b, t, e] = bias[e] +
+    sum_j weight[e, j] · x[b, t - K + 1 + j, e], with x = 0 before the first position."""
+    g = torch.Generator().manual_seed(3)
+    cases = []
+    for name, (B, T, E, K) in [
+        ("two sequences, T = 6, E = 3 channels, K = 4", (2, 6, 3, 4)),
+        ("one token (T = 1), K = 4: only weight[:, 3] meets a real input", (1, 1, 2, 4)),
+        ("a sequence shorter than the kernel: T = 3, K = 4", (2, 3, 5, 4)),
+        ("K = 3, T = 10, negative inputs", (1, 10, 4, 3)),
+    ]:
+        x = torch.randn(B, T, E, generator=g) - (0.5 if T == 10 else 0.0)
+        weight, bias = torch.randn(E, K, generator=g), torch.randn(E, generator=g)
+        # fp32, sums of K <= 4 products of size ~1: any order agrees to ~1e-6
+        cases.append(Case(name, (x, weight, bias), causal_conv1d_ref(x, weight, bias), atol=1e-5, rtol=1e-5,
+                          diagnose=_diagnose_conv(x, weight, bias)))
+    return run_checks("Exercise 6.4 (the short causal convolution)", fn, cases)

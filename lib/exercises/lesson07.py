@@ -6,6 +6,7 @@
                                    lib.moe.load_balancing_loss
     check_expert_capacity(fn)      fn(num_tokens, num_experts, top_k, capacity_factor) -> int, equal to
                                    lib.moe.expert_capacity
+    check_router_z_loss(fn)        fn(router_logits (N, E)) -> scalar, equal to lib.moe.router_z_loss
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import math
 import torch
 
 from lib.exercises import CheckReport, call_learner
-from lib.moe import expert_capacity, load_balancing_loss
+from lib.moe import expert_capacity, load_balancing_loss, router_z_loss
 
-__all__ = ["check_balance_loss", "check_expert_capacity", "check_top_k_gating"]
+__all__ = ["check_balance_loss", "check_expert_capacity", "check_router_z_loss", "check_top_k_gating"]
 
 
 def _logits(N, E, seed):
@@ -123,4 +124,53 @@ def check_expert_capacity(fn) -> CheckReport:
             else:
                 hint = "capacity = ceil(capacity_factor · num_tokens · top_k / num_experts)"
             return CheckReport(name, False, len(cases), case, f"returned {got}, expected {expected}", hint)
+    return CheckReport(name, True, len(cases))
+
+
+def check_router_z_loss(fn) -> CheckReport:
+    """fn(router_logits (N, E)) -> the mean over tokens of logsumexp(logits)² as a 0-dim tensor."""
+    name = "Exercise 7.4 (the router z-loss)"
+    cases = [("random logits, 16 tokens, 8 experts", _logits(16, 8, 5)),
+             ("one token, two experts", torch.tensor([[0.5, -1.0]])),
+             ("negative logits: each token's log-sum-exp is below 0", _logits(10, 4, 6) - 6.0),
+             ("logits near 100: exp() overflows float32 (its largest value is about e^88)", _logits(5, 4, 7) + 100.0)]
+    for case, logits in cases:
+        got, report = call_learner(name, fn, (logits.clone(),), case, len(cases))
+        if report is not None:
+            return report
+        expected = router_z_loss(logits)
+
+        def fail(problem, hint=None, case=case):
+            return CheckReport(name, False, len(cases), case, problem, hint)
+
+        if not isinstance(got, torch.Tensor) or got.numel() != 1:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            hint = ("average over the tokens: one number for the batch" if isinstance(got, torch.Tensor) else
+                    "return the tensor itself, not .item() or float(): the loss must stay in the autograd graph")
+            return fail(f"returned {shape}, expected a one-number tensor", hint)
+        got = got.reshape(())
+        # fp32: a mean of N <= 16 squares, any order: ~1e-7 relative, also for values near 100² = 1e4
+        if torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+            continue
+        lse = torch.logsumexp(logits, dim=-1)
+        near = lambda x: bool(torch.allclose(got, x, rtol=1e-4, atol=1e-5))  # noqa: E731
+        if not bool(torch.isfinite(got)):
+            hint = ("exp(100) overflows float32 to inf: use torch.logsumexp(logits, dim=-1), which subtracts each "
+                    "row's maximum before exp")
+        elif near(lse.mean()):
+            hint = "square each token's log-sum-exp before averaging"
+        elif near(lse.pow(2).sum()):
+            hint = "average over the tokens (mean), not sum: the loss must not grow with the batch size"
+        elif near(logits.amax(-1).pow(2).mean()):
+            hint = "the log-sum-exp log Σ exp(x_i), not the largest logit: torch.logsumexp(logits, dim=-1)"
+        elif near(torch.logsumexp(torch.softmax(logits, -1), -1).pow(2).mean()):
+            hint = ("the z-loss acts on the raw logits, not on softmax probabilities (which stay in [0, 1] "
+                    "however large the logits grow)")
+        elif near(torch.logsumexp(logits, dim=0).pow(2).mean()):
+            hint = "the log-sum-exp runs over each token's E expert logits (dim=-1), not over the tokens"
+        elif near(logits.pow(2).mean()):
+            hint = "that squares each logit: square each token's log-sum-exp, log Σ_i exp(x_i), then average"
+        else:
+            hint = "z-loss = mean over tokens of (log Σ_i exp(x_i))², the sum over a token's E logits"
+        return fail(f"returned {got.item():.6g}, expected {expected.item():.6g}", hint)
     return CheckReport(name, True, len(cases))

@@ -1,4 +1,5 @@
-"""What the exercise-check tests share: the repository root, the lessons, a tool loader, a stub."""
+"""What the exercise-check tests share: the repository root, the lessons, a tool loader, a stub, and
+the two assertions every check's tests make."""
 
 import importlib.util
 from pathlib import Path
@@ -17,3 +18,18 @@ def load_tool(name):
 def stub(*args):
     """An unsolved exercise: what the learner's function does before they write it."""
     raise NotImplementedError
+
+
+def assert_passes_and_refuses_the_stub(check, solution):
+    """`check` passes `solution` and reports the stub as not attempted (a hint, not a traceback)."""
+    report = check(solution)
+    assert report.passed, report
+    report = check(stub)
+    assert not report.passed and report.problem == "not attempted yet", report
+    assert "NotImplementedError" in repr(report)
+
+
+def assert_names_the_mistake(check, wrong, words):
+    """`check` fails `wrong` with `words` in its problem or hint."""
+    report = check(wrong)
+    assert not report.passed and words in f"{report.problem} {report.hint}", report

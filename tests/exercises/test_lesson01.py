@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from exercise_helpers import stub
+from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
 from lib.attention import attention_ref
 from lib.exercises import CheckReport
-from lib.masks import causal_mask
-from lib.exercises.lesson01 import check_causal_mask, check_masked_attention
+from lib.masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
+from lib.exercises.lesson01 import check_causal_mask, check_cross_attention_mask, check_masked_attention
 
 
 # ---------------------------------------------------------------- exercise 1.1
@@ -93,3 +93,38 @@ def test_masked_attention_check_gives_a_targeted_hint(wrong, words):
 def test_a_check_given_a_non_function_explains_instead_of_raising():
     report = check_causal_mask(causal_mask(3))
     assert not report.passed and "without calling it" in report.hint
+
+
+# ---------------------------------------------------------------- exercise 1.3
+def _cross_by_hand(encoder_attention_mask, tgt_len):
+    B, S = encoder_attention_mask.shape
+    blocked = (encoder_attention_mask == 0)[:, None, None, :].expand(B, 1, tgt_len, S)
+    return torch.zeros(B, 1, tgt_len, S).masked_fill(blocked, float("-inf"))
+
+
+@pytest.mark.parametrize("solution", [cross_attention_mask, _cross_by_hand])
+def test_cross_attention_mask_check_passes_on_solutions_and_refuses_the_stub(solution):
+    assert_passes_and_refuses_the_stub(check_cross_attention_mask, solution)
+
+
+def _with_triangle(keep, T):  # a decoder's self-attention triangle added to the cross mask
+    return cross_attention_mask(keep, T) + torch.full((T, keep.shape[1]), float("-inf")).triu(diagonal=1)
+
+
+def _padding_on_rows(keep, T):  # the source's padding blocks query rows (only possible when T == S)
+    return torch.zeros(keep.shape[0], 1, T, keep.shape[1]).masked_fill(keep[:, None, :, None] == 0, float("-inf"))
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_with_triangle, "causal triangle"),
+    (lambda keep, T: combine_masks(causal_mask(T), padding_mask(keep)), "causal triangle"),
+    (_padding_on_rows, "masks query rows"),
+    (lambda keep, T: cross_attention_mask(keep, T).clamp_min(-1e9), "not -1e9"),
+    (lambda keep, T: padding_mask(keep), "(B, 1, 1, S) -> (B, 1, T, S)"),
+    (lambda keep, T: cross_attention_mask(keep, T)[0, 0], "keep the batch dimension"),
+    (lambda keep, T: cross_attention_mask(1 - keep, T), "inverted"),
+    (lambda keep, T: (keep == 1)[:, None, None, :].expand(-1, 1, T, -1), "not True/False"),
+    (lambda keep, T: cross_attention_mask(keep, T).double(), "expected torch.float32"),
+])
+def test_cross_attention_mask_check_names_the_mistake(wrong, words):
+    assert_names_the_mistake(check_cross_attention_mask, wrong, words)

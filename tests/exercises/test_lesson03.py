@@ -4,8 +4,10 @@ names the mistake, pass on lib."""
 import pytest
 import torch
 
-from exercise_helpers import stub
-from lib.exercises.lesson03 import check_clm_loss, check_rope, check_top_p_filter
+from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+from lib.exercises.lesson03 import (
+    check_clm_loss, check_repetition_penalty, check_rope, check_top_p_filter, repetition_penalty_ref,
+)
 from lib.gpt import clm_loss
 from lib.rope import apply_rope, rope_cos_sin
 from lib.sampling import top_p_filter
@@ -64,3 +66,52 @@ def _rope_interleaved(x, positions):
 def test_rope_check_names_the_mistake(wrong, words):
     report = check_rope(wrong)
     assert not report.passed and words in report.hint, report
+
+
+def _penalty_like_hugging_face(logits, input_ids, penalty):  # RepetitionPenaltyLogitsProcessor's three lines
+    score = torch.gather(logits, 1, input_ids)
+    score = torch.where(score < 0, score * penalty, score / penalty)
+    return logits.scatter(1, input_ids, score)
+
+
+@pytest.mark.parametrize("solution", [repetition_penalty_ref, _penalty_like_hugging_face])
+def test_repetition_penalty_check_passes_on_solutions_and_refuses_the_stub(solution):
+    assert_passes_and_refuses_the_stub(check_repetition_penalty, solution)
+
+
+def _seen(logits, input_ids):
+    return torch.zeros_like(logits, dtype=torch.bool).scatter(1, input_ids, True)
+
+
+def _divides_every_seen(logits, input_ids, penalty):
+    return torch.where(_seen(logits, input_ids), logits / penalty, logits)
+
+
+def _once_per_occurrence(logits, input_ids, penalty):
+    out = logits.clone()
+    for b, row in enumerate(input_ids.tolist()):
+        for t in row:
+            out[b, t] = out[b, t] / penalty if out[b, t] > 0 else out[b, t] * penalty
+    return out
+
+
+def _contexts_pooled(logits, input_ids, penalty):
+    out, ids = logits.clone(), input_ids.unique()
+    out[:, ids] = torch.where(out[:, ids] > 0, out[:, ids] / penalty, out[:, ids] * penalty)
+    return out
+
+
+def _in_place(logits, input_ids, penalty):
+    return logits.copy_(repetition_penalty_ref(logits, input_ids, penalty))
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_divides_every_seen, "multiply negative ones"),
+    (lambda l, ids, p: repetition_penalty_ref(l, ids, 1 / p), "backwards"),
+    (_once_per_occurrence, "penalise each token once"),
+    (_contexts_pooled, "each row has its own context"),
+    (lambda l, ids, p: torch.where(l > 0, l / p, l * p), "not the whole vocabulary"),
+    (_in_place, "work on a copy"),
+])
+def test_repetition_penalty_check_names_the_mistake(wrong, words):
+    assert_names_the_mistake(check_repetition_penalty, wrong, words)

@@ -1,11 +1,14 @@
 """Lesson 04's exercise checks: they fail on stubs and on plausible wrong answers with a hint that
 names the mistake, pass on lib."""
 
+import math
+
 import pytest
 import torch
 
-from exercise_helpers import stub
-from lib.exercises.lesson04 import check_cache_update, check_kv_cache_bytes
+from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+from lib.attention import attention, attention_ref
+from lib.exercises.lesson04 import check_cache_update, check_gqa_attention, check_kv_cache_bytes
 from lib.kv_cache import kv_cache_bytes
 
 
@@ -57,3 +60,36 @@ def _returns_concatenated(k_cache, v_cache, start, k, v):
 def test_cache_update_check_names_the_mistake(wrong, words):
     report = check_cache_update(wrong)
     assert not report.passed and words in report.hint, report
+
+
+def _gqa(q, k, v, causal, widen="repeat_interleave", scale=True, align="bottom-right"):
+    """Grouped-query attention by hand; each keyword a way to get it wrong."""
+    groups = q.shape[1] // k.shape[1]
+    if widen == "repeat_interleave":
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    else:
+        k, v = k.repeat(1, groups, 1, 1), v.repeat(1, groups, 1, 1)
+    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)  # (B, H, T, S)
+    T, S = scores.shape[-2:]
+    if causal and align is not None:
+        offset = S - T if align == "bottom-right" else 0
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool).triu(diagonal=1 + offset), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+@pytest.mark.parametrize("solution", [
+    _gqa, lambda q, k, v, causal: attention(q, k, v, causal=causal, backend="naive"),
+])
+def test_gqa_check_passes_on_solutions_and_refuses_the_stub(solution):
+    assert_passes_and_refuses_the_stub(check_gqa_attention, solution)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda q, k, v, c: _gqa(q, k, v, c, widen="repeat"), "repeat_interleave, not repeat"),
+    (lambda q, k, v, c: _gqa(q, k, v, c, scale=False), "1/√D"),
+    (lambda q, k, v, c: _gqa(q, k, v, c, align="top-left"), "the LAST T positions"),
+    (lambda q, k, v, c: _gqa(q, k, v, c, align=None), "causal=True"),
+    (lambda q, k, v, c: attention_ref(q[:, :k.shape[1]], k, v, causal=c), "one output per query head"),
+])
+def test_gqa_check_names_the_mistake(wrong, words):
+    assert_names_the_mistake(check_gqa_attention, wrong, words)

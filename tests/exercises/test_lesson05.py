@@ -4,9 +4,11 @@ names the mistake, pass on lib."""
 import pytest
 import torch
 
-from exercise_helpers import stub
+from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
 from lib.attention import online_softmax_update
-from lib.exercises.lesson05 import check_key_block_bounds, check_online_softmax_update, check_row_logsumexp
+from lib.exercises.lesson05 import (
+    check_key_block_bounds, check_merge_attention, check_online_softmax_update, check_row_logsumexp,
+)
 from lib.kernels import key_block_bounds
 
 import triton  # noqa: E402  (after lib, which switches triton to its interpreter without a GPU)
@@ -114,3 +116,42 @@ def test_key_block_bounds_check_names_the_mistake(wrong, words):
 def test_row_logsumexp_check_names_the_mistake(wrong, words):
     report = check_row_logsumexp(wrong)
     assert not report.passed and words in report.hint, report
+
+
+def _merge(o1, lse1, o2, lse2, guard=True):
+    lse = torch.logaddexp(lse1, lse2)  # (..., T)
+    safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse) if guard else lse
+    return torch.exp(lse1 - safe)[..., None] * o1 + torch.exp(lse2 - safe)[..., None] * o2, lse
+
+
+def _merge_by_max(o1, lse1, o2, lse2):  # the online softmax's way: rescale both to the larger lse
+    m = torch.maximum(lse1, lse2)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
+    total = w1 + w2
+    o = (w1[..., None] * o1 + w2[..., None] * o2) / total.clamp_min(1e-30)[..., None]
+    return o, m + torch.log(total)
+
+
+@pytest.mark.parametrize("solution", [_merge, _merge_by_max])
+def test_merge_attention_check_passes_on_solutions_and_refuses_the_stub(solution):
+    assert_passes_and_refuses_the_stub(check_merge_attention, solution)
+
+
+def _merge_by_exp(o1, lse1, o2, lse2):  # weights exp(lse_i): right in exact arithmetic, inf in float32
+    e1, e2 = lse1.exp(), lse2.exp()
+    return (e1[..., None] * o1 + e2[..., None] * o2) / (e1 + e2)[..., None], torch.log(e1 + e2)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda o1, l1, o2, l2: _merge(o1, l1, o2, l2, guard=False), "exp(-inf - (-inf)) is NaN"),
+    (_merge_by_exp, "overflows float32"),
+    (lambda o1, l1, o2, l2: ((o1 + o2) / 2, torch.logaddexp(l1, l2)), "a plain average"),
+    (lambda o1, l1, o2, l2: (o1 * l1.exp()[..., None] + o2 * l2.exp()[..., None], torch.logaddexp(l1, l2)),
+     "divide by the total"),
+    (lambda o1, l1, o2, l2: (_merge(o1, l1, o2, l2)[0], torch.maximum(l1, l2)), "not the larger of the two"),
+    (lambda o1, l1, o2, l2: (_merge(o1, l1, o2, l2)[0], l1 + l2), "adding two logs"),
+    (lambda o1, l1, o2, l2: _merge(o1, l1, o2, l2)[0], "expected a tuple"),
+])
+def test_merge_attention_check_names_the_mistake(wrong, words):
+    assert_names_the_mistake(check_merge_attention, wrong, words)

@@ -3,9 +3,11 @@ names the mistake, pass on lib."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from exercise_helpers import stub
-from lib.exercises.lesson06 import check_discretize, check_scan_combine, check_ssm_step
+from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+from lib.conv import causal_conv1d, causal_conv1d_ref
+from lib.exercises.lesson06 import check_causal_conv1d, check_discretize, check_scan_combine, check_ssm_step
 from lib.scan import discretize, scan_combine
 
 
@@ -34,3 +36,36 @@ def test_lesson06_checks_pass_on_lib_and_fail_on_the_stub():
 def test_lesson06_checks_name_the_mistake(check, wrong, words):
     report = check(wrong)
     assert not report.passed and words in report.hint, report
+
+
+def _conv_by_hand(x, weight, bias):
+    B, T, E = x.shape
+    K = weight.shape[1]
+    padded = torch.cat([x.new_zeros(B, K - 1, E), x], dim=1)  # (B, K - 1 + T, E)
+    return sum(weight[:, j] * padded[:, j:j + T] for j in range(K)) + bias
+
+
+def _conv(x, weight, bias, left, right, flip=False):
+    """F.conv1d zero-padded by left and right positions; flip reverses the kernel."""
+    w = weight.flip(-1) if flip else weight
+    xs = F.pad(x.transpose(1, 2), (left, right))  # (B, E, left + T + right)
+    return F.conv1d(xs, w.unsqueeze(1), bias, groups=weight.shape[0]).transpose(1, 2)
+
+
+@pytest.mark.parametrize("solution", [_conv_by_hand, causal_conv1d_ref, causal_conv1d])
+def test_causal_conv1d_check_passes_on_solutions_and_refuses_the_stub(solution):
+    assert_passes_and_refuses_the_stub(check_causal_conv1d, solution)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda x, w, b: _conv(x, w, b, w.shape[1] - 1, 0, flip=True), "the weights are reversed"),
+    (lambda x, w, b: _conv(x, w, b, 0, w.shape[1] - 1), "reads inputs after t"),
+    (lambda x, w, b: _conv(x, w, b, (w.shape[1] - 1) // 2, w.shape[1] - 1 - (w.shape[1] - 1) // 2),
+     "reads inputs after t"),
+    (lambda x, w, b: _conv(x, w, None, w.shape[1] - 1, 0), "bias"),
+    (lambda x, w, b: _conv(x, w, b, w.shape[1] - 1, w.shape[1] - 1), "T + K - 1 outputs"),
+    (lambda x, w, b: _conv(x, w, b, 0, 0), "pad K - 1 zeros on the left"),
+    (lambda x, w, b: _conv(x, w, b, w.shape[1] - 1, 0).transpose(1, 2), "transpose back"),
+])
+def test_causal_conv1d_check_names_the_mistake(wrong, words):
+    assert_names_the_mistake(check_causal_conv1d, wrong, words)

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from exercise_helpers import stub
-from lib.exercises.lesson07 import check_balance_loss, check_expert_capacity, check_top_k_gating
-from lib.moe import expert_capacity, load_balancing_loss
+from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+from lib.exercises.lesson07 import check_balance_loss, check_expert_capacity, check_router_z_loss, check_top_k_gating
+from lib.moe import expert_capacity, load_balancing_loss, router_z_loss
 
 
 def _gating(logits, k):
@@ -39,3 +39,23 @@ def test_lesson07_checks_pass_on_lib_and_fail_on_the_stub():
 def test_lesson07_checks_name_the_mistake(check, wrong, words):
     report = check(wrong)
     assert not report.passed and words in report.hint, report
+
+
+@pytest.mark.parametrize("solution", [router_z_loss, lambda logits: torch.logsumexp(logits, dim=-1).square().mean()])
+def test_router_z_loss_check_passes_on_solutions_and_refuses_the_stub(solution):
+    assert_passes_and_refuses_the_stub(check_router_z_loss, solution)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda l: torch.logsumexp(l, dim=-1).mean(), "square each token's log-sum-exp"),
+    (lambda l: torch.logsumexp(l, dim=-1).pow(2).sum(), "not sum"),
+    (lambda l: l.amax(dim=-1).pow(2).mean(), "not the largest logit"),
+    (lambda l: torch.logsumexp(l.softmax(dim=-1), dim=-1).pow(2).mean(), "not on softmax probabilities"),
+    (lambda l: torch.logsumexp(l, dim=0).pow(2).mean(), "not over the tokens"),
+    (lambda l: l.pow(2).mean(), "that squares each logit"),
+    (lambda l: l.exp().sum(-1).log().pow(2).mean(), "overflows float32"),
+    (lambda l: torch.logsumexp(l, dim=-1).pow(2), "one number for the batch"),
+    (lambda l: router_z_loss(l).item(), "not .item()"),
+])
+def test_router_z_loss_check_names_the_mistake(wrong, words):
+    assert_names_the_mistake(check_router_z_loss, wrong, words)
