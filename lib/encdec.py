@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from lib._checks import require_int, require_tensor, require_token_ids
 from lib.attention import attention, attention_weights
-from lib.bert import BertConfig, BertLayer
+from lib.bert import Bert, BertConfig, BertLayer
 from lib.kv_cache import KVCache
 from lib.masks import cross_attention_mask, padding_mask
 
@@ -184,18 +184,7 @@ class EncoderDecoder(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.register_buffer("final_logits_bias", torch.zeros(1, cfg.vocab_size))
         self.embed_scale = cfg.d_model ** 0.5 if cfg.scale_embedding else 1.0
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        """BART's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()
+        self.apply(Bert._init_weights)  # BART's initialisation is BERT's: N(0, 0.02), zero biases
 
     def _embed(self, stack: _Stack, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
         positions = torch.arange(start, start + ids.shape[1], device=ids.device) + _BART_POSITION_OFFSET
