@@ -34,26 +34,34 @@ def setup_source(url: str) -> str:
     """The cell's code: short, read by students; the work is in lib/hosted.py."""
     if not isinstance(url, str) or any(c in url for c in "\"'\\{}\n "):
         raise ValueError(f"[tool.onemask] repository must be a plain URL (no quotes, braces, spaces or backslashes), got {url!r}")
-    head = [FIRST_LINE, "# In the course's own JupyterLab (`make lab`), or once the course is installed, this does nothing."]
+    head = [FIRST_LINE, "# In the course's own JupyterLab (`make lab`), or once installed, this does nothing."]
     if not url:
         return "\n".join(head + [
             "import importlib.util",
             "",
             'if importlib.util.find_spec("lib") is None:',
-            '    raise SystemExit("This lesson needs the course\'s files: download the course (git clone, or its zip unpacked "',
-            '                     "here), run `python lib/hosted.py` in its folder (it installs only what this Python lacks "',
-            '                     "and keeps its torch), then restart the kernel and run this notebook again.")',
+            "    raise SystemExit(",
+            '        "This lesson needs the course\'s files: download the course (git clone, "',
+            '        "or its zip unpacked here), run `python lib/hosted.py` in its folder (it "',
+            '        "installs only what this Python lacks and keeps its torch), then restart "',
+            '        "the kernel and run this notebook again."',
+            "    )",
         ])
     return "\n".join(head + [
         "import importlib.util, os, runpy, shutil, subprocess",
         "",
         'if importlib.util.find_spec("lib") is None:',
-        f'    REPOSITORY, COURSE = "{url}", os.path.expanduser("~/one-mask")',
+        f'    REPOSITORY = "{url}"',
+        '    COURSE = os.path.expanduser("~/one-mask")',
         '    fetch = ["git", "clone", "--quiet", "--depth=1", REPOSITORY, COURSE]',
-        '    if not os.path.isdir(COURSE) and (shutil.which("git") is None or subprocess.run(fetch).returncode):',
-        '        raise SystemExit(f"Could not download {REPOSITORY} (no network, or no git?). Copy the course here "',
-        '                         f"another way, unpacked into {COURSE}, and run this cell again.")',
-        '    runpy.run_path(os.path.join(COURSE, "lib", "hosted.py"), run_name="__main__")  # installs what is missing',
+        '    no_git = shutil.which("git") is None',
+        "    if not os.path.isdir(COURSE) and (no_git or subprocess.run(fetch).returncode):",
+        "        raise SystemExit(",
+        '            f"Could not download {REPOSITORY} (no network, or no git?). Copy the "',
+        '            f"course here another way, unpacked into {COURSE}, and run this cell again."',
+        "        )",
+        "    # installs what is missing",
+        '    runpy.run_path(os.path.join(COURSE, "lib", "hosted.py"), run_name="__main__")',
     ])
 
 

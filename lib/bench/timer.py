@@ -5,6 +5,10 @@
     median_seconds(fn, repeats=5)        their median: one number for a table
     side_by_side(runs, repeats=5)        several functions timed alternately (A, B, A, B, ...), so
                                          a machine that slows down for a while slows them all
+    with stopwatch() as watch: ...       one block of code, timed once (a training run):
+                                         watch.seconds afterwards
+    clock()                              the clock itself, in seconds: for stamping events
+                                         inside a loop (each token of a generation)
 
 Each call is timed with the clock of `torch.utils.benchmark` (`utils.timer.timer`), which first
 waits for the GPU (any accelerator) to finish its queued work, so what a call launched is
@@ -24,7 +28,7 @@ from torch.utils.benchmark.utils.timer import timer as clock  # synchronises the
 
 from lib._checks import require_int
 
-__all__ = ["median_seconds", "seconds", "side_by_side"]
+__all__ = ["clock", "median_seconds", "seconds", "side_by_side", "stopwatch"]
 
 
 def seconds(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> list[float]:
@@ -64,3 +68,26 @@ def side_by_side(runs: dict[str, Callable[[], object]], *, repeats: int = 5, war
         for name, fn in runs.items():
             out[name] += seconds(fn, repeats=1, warmup=0)
     return out
+
+
+class stopwatch:
+    """Time one block, once, with the same clock:
+
+        with stopwatch() as watch:
+            train(...)
+        print(f"trained in {watch.seconds:.0f} s")
+
+    `watch.seconds` is None inside the block and the block's seconds after it (also after an
+    exception, which the block still raises)."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+        self._start: float | None = None
+
+    def __enter__(self) -> "stopwatch":
+        self.seconds, self._start = None, clock()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.seconds = clock() - self._start
+        return False

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from lib.bench.timer import seconds, side_by_side
+from lib.bench.timer import seconds, side_by_side, stopwatch
 
 
 def test_one_call_per_measurement_after_the_warmup():
@@ -20,6 +20,21 @@ def test_side_by_side_alternates_and_times_each_run_alone():
     out = side_by_side(runs, repeats=3, warmup=1)
     assert order == ["fast", "slow"] * 4  # one warm-up round, then three rounds, each run once in turn
     assert all(s >= 0.02 for s in out["slow"]) and max(out["fast"]) < min(out["slow"])  # 20 ms: beyond a scheduler hiccup
+
+
+def test_stopwatch_times_its_block_once_even_when_the_block_raises():
+    with stopwatch() as watch:
+        assert watch.seconds is None  # nothing to read until the block ends
+        time.sleep(0.02)
+    assert 0.02 <= watch.seconds < 1.0
+    with pytest.raises(RuntimeError):
+        with stopwatch() as failed:
+            time.sleep(0.01)
+            raise RuntimeError("the block's own error")
+    assert 0.01 <= failed.seconds < 1.0
+    with stopwatch() as again:  # a fresh measurement, not the sum with the last one
+        pass
+    assert again.seconds < 0.01
 
 
 def test_bad_arguments_are_refused():

@@ -353,6 +353,7 @@ _VERDICT_HELPERS = {"reproduced_if", "partly_reproduced_if", "arithmetic_if"}
 def _lesson_code(md: Path) -> str:
     """Every code cell of a MyST lesson, concatenated in order (magics and shell lines dropped)."""
     cells = re.findall(r"```\{code-cell\}[^\n]*\n(.*?)```", md.read_text(), re.S)
+    cells = [re.sub(r"\A---\n.*?\n---\n", "", cell, flags=re.S) for cell in cells]  # a YAML options block
     lines = [line for cell in cells for line in cell.splitlines() if not line.lstrip().startswith(("%", "!", ":"))]
     return "\n".join(lines)
 
