@@ -7,11 +7,19 @@ In a lesson, an exercise is a code cell whose solution sits between `### BEGIN S
 `### END SOLUTION` lines. The exercise notebook keeps every cell but replaces those lines (markers
 included) with a stub at the same indentation, clears all outputs (students run it themselves)
 and drops the jupytext pairing, so saving it in JupyterLab never creates a stray .md file.
+
+Predict, then reveal: an exercise comes before the lesson cell that shows its answer (the
+library's source, printed), and that cell carries the tag `answer`. The exercise notebook
+replaces it with a note naming the exercise it would give away; the student reads the
+library's version in the lesson after solving it. An answer cell may only show (print,
+import, display): it defines nothing, so hiding it cannot break a later cell.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +28,36 @@ LESSONS = ROOT / "lessons"
 OUT = LESSONS / "exercises"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = ["# YOUR CODE HERE: replace the next line", "raise NotImplementedError"]
+ANSWER = "answer"  # the tag of a cell that shows an exercise's answer
+EXERCISE = re.compile(r"^#+ Exercise (\d+\.\d+)\b", re.M)
+
+
+def only_shows(source: str) -> bool:
+    """True when a cell's code only imports and calls (print, display): it binds no name
+    that a later cell could need."""
+    try:
+        body = ast.parse("\n".join(l for l in source.split("\n") if not l.lstrip().startswith(("%", "!")))).body
+    except SyntaxError:
+        return False
+    return all(isinstance(node, (ast.Expr, ast.Import, ast.ImportFrom)) for node in body)
+
+
+def hidden_answer(cell: dict, exercise: str | None, where: str) -> dict:
+    """The note that stands in the exercise notebook where the lesson shows an answer."""
+    source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    if cell["cell_type"] != "code" or not only_shows(source):
+        raise ValueError(f"{where}: a cell tagged {ANSWER!r} must be a code cell that only shows "
+                         "(imports, print, display): hiding it must not break a later cell")
+    if exercise is None:
+        raise ValueError(f"{where}: a cell tagged {ANSWER!r} must come after the exercise it answers")
+    return {
+        "cell_type": "markdown",
+        "id": cell.get("id", "answer") + "-hidden",
+        "metadata": {},
+        "source": (f"*Hidden in the exercise version: here the lesson shows the library's own answer to "
+                   f"Exercise {exercise}. Solve the exercise above first, then compare with "
+                   f"this cell in the lesson itself.*"),
+    }
 
 
 def stub_source(source: str, where: str) -> str:
@@ -47,9 +85,15 @@ def exercise_notebook(lesson: Path) -> str:
     nb = json.loads(lesson.read_text())
     n_exercises = 0
     cells = []
+    last_exercise = None
     for i, cell in enumerate(nb["cells"]):
         cell = dict(cell)
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "markdown":
+            last_exercise = (EXERCISE.findall(source) or [last_exercise])[-1]
+        if ANSWER in cell.get("metadata", {}).get("tags", []):
+            cells.append(hidden_answer(cell, last_exercise, f"{lesson.name} cell {i}"))
+            continue
         if cell["cell_type"] == "code":
             if BEGIN in source:
                 n_exercises += 1

@@ -8,6 +8,10 @@ unfinished answer, so a student running an unsolved notebook sees hints, not sta
 
 The lessons hold the solutions between `### BEGIN SOLUTION` / `### END SOLUTION` markers;
 `tools/make_exercises.py` writes the exercise notebooks with those lines replaced by a stub.
+
+Predict, then reveal: where a lesson prints a library function whose source is an exercise's
+answer (`ANSWERED_BY`), the exercise comes before that cell and the cell is tagged `answer`,
+so the exercise notebook hides it (tests/exercises/test_notebooks.py checks both).
 """
 
 from __future__ import annotations
@@ -17,7 +21,17 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Case", "CheckReport", "call_learner", "run_checks"]
+__all__ = ["ANSWERED_BY", "Case", "CheckReport", "call_learner", "run_checks"]
+
+# check function -> (module, qualified name) of the library code whose printed source answers it
+ANSWERED_BY: dict[str, tuple[str, str]] = {
+    "check_masked_attention": ("lib.attention", "safe_softmax"),
+    "check_mlm_corrupt": ("lib.bert", "mlm_corrupt"),
+    "check_clm_loss": ("lib.gpt", "clm_loss"),
+    "check_cache_update": ("lib.kv_cache", "KVCache.update"),
+    "check_online_softmax_update": ("lib.attention", "online_softmax_update"),
+    "check_key_block_bounds": ("lib.kernels.flash", "key_block_bounds"),
+}
 
 Diagnose = Callable[[torch.Tensor], "str | None"]
 

@@ -31,7 +31,7 @@ _SIZES = [
 
 def check_kv_cache_bytes(fn) -> CheckReport:
     """fn(n_layers, batch, seq_len, n_kv_heads, head_dim, bytes_per_elem) must return the bytes as an int."""
-    name = "Exercise 4.1 (the KV-cache formula)"
+    name = "Exercise 4.2 (the KV-cache formula)"
     for case, args in _SIZES:
         got, report = call_learner(name, fn, args, case, len(_SIZES))
         if report is not None:
@@ -56,7 +56,7 @@ def check_kv_cache_bytes(fn) -> CheckReport:
 def check_cache_update(fn) -> CheckReport:
     """fn(k_cache, v_cache, start, k, v) must write k, v at start.. in place and return (B, H_kv, start+T, D)
     views of the caches (sharing their storage, as KVCache.update's do)."""
-    name = "Exercise 4.2 (writing into the cache)"
+    name = "Exercise 4.1 (writing into the cache)"
     g = torch.Generator().manual_seed(0)
     B, H_kv, S_max, D = 2, 3, 12, 4
     steps = [("prefill: 5 positions from 0", 0, 5), ("decode: one position at 5", 5, 1),

@@ -1,5 +1,7 @@
 """The generated exercise notebooks: current, unexecuted, a stub for every solution; each lesson's solutions pass their checks."""
 
+import importlib
+import re
 import subprocess
 import sys
 
@@ -7,6 +9,7 @@ import nbformat
 import pytest
 
 from exercise_helpers import ROOT, LESSONS, load_tool
+from lib.exercises import ANSWERED_BY
 
 
 def test_stub_generation_replaces_the_solution_block_at_its_indentation():
@@ -53,3 +56,64 @@ def test_exercise_notebook_ships_unexecuted_with_stubs_for_every_solution(lesson
     assert cells and len(cells) == len(exercise_cells(nbformat.read(lesson, as_version=4)))
     for cell in cells:
         assert "### BEGIN SOLUTION" not in cell.source and "raise NotImplementedError" in cell.source
+
+
+def test_answer_cells_are_hidden_in_the_exercise_version_and_name_their_exercise(tmp_path):
+    tool = load_tool("make_exercises")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("### Exercise 9.1 · something (easy, ~5 min)"),
+        nbformat.v4.new_code_cell("def my_f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n\ncheck_f(my_f)"),
+        nbformat.v4.new_code_cell("print(inspect.getsource(f))", metadata={"tags": ["answer"]}),
+        nbformat.v4.new_code_cell("print('after')"),
+    ])
+    path = tmp_path / "09-x.ipynb"
+    nbformat.write(nb, path)
+    out = nbformat.reads(tool.exercise_notebook(path), as_version=4)
+    assert not any("getsource" in c.source for c in out.cells), "the answer is hidden"
+    notes = [c for c in out.cells if "Hidden in the exercise version" in c.source]
+    assert len(notes) == 1 and notes[0].cell_type == "markdown" and "Exercise 9.1" in notes[0].source
+    assert out.cells[-1].source == "print('after')"  # every other cell is kept, in order
+    # An answer cell that defines something (a later cell may need it) or comes before any
+    # exercise is refused, not silently hidden.
+    nb.cells[2].source = "src = inspect.getsource(f)\nprint(src)"
+    nbformat.write(nb, path)
+    with pytest.raises(ValueError, match="only shows"):
+        tool.exercise_notebook(path)
+    nb.cells[2].source = "print(inspect.getsource(f))"
+    nb.cells = [nb.cells[2]] + nb.cells[:2]
+    nbformat.write(nb, path)
+    with pytest.raises(ValueError, match="after the exercise"):
+        tool.exercise_notebook(path)
+
+
+GETSOURCE = re.compile(r"inspect\.getsource\(([\w.]+)\)")
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_each_exercise_comes_before_the_cell_that_prints_its_answer(lesson):
+    """Predict, then reveal: a lesson cell printing the library code that answers an exercise
+    (lib.exercises.ANSWERED_BY) comes after that exercise and is tagged `answer`, so the
+    exercise notebook hides it."""
+    answered = {}
+    for check, (module, qualname) in ANSWERED_BY.items():
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)  # a renamed function fails here, not silently
+        answered[qualname] = check
+    nb = nbformat.read(lesson, as_version=4)
+    seen_checks = set()
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if "### BEGIN SOLUTION" in cell.source:
+            seen_checks.update(re.findall(r"\b(check_\w+)\(", cell.source))
+        for name in GETSOURCE.findall(cell.source):
+            check = answered.get(name)
+            if check is None or check not in "".join(c.source for c in nb.cells):
+                continue  # shows code no exercise of this lesson asks for
+            assert check in seen_checks, f"cell {i} prints {name}, the answer to {check}, before that exercise"
+            assert "answer" in cell.metadata.get("tags", []), f"cell {i} prints {name}: tag it `answer`"
+    exercise_nb = (ROOT / "lessons" / "exercises" / lesson.name).read_text()
+    for name, check in answered.items():
+        if check in "".join(c.source for c in nb.cells):
+            assert f"getsource({name})" not in exercise_nb, f"the exercise version shows {name}"
