@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 
 from widgets._render import live_mimebundle, redraw
 
-__all__ = ["LiveView", "as_array", "move_control", "rounded"]
+__all__ = ["LiveView", "as_array", "live_view_of", "move_control", "rounded"]
 
 
 class LiveView:
@@ -48,7 +48,9 @@ class LiveView:
         return state
 
     def _state_from_controls(self, name: str, value):
-        return replace(self.state, **{field: control.value for field, control in self.controls.items()})
+        """The state once control `name` holds `value`, the other controls as they stand."""
+        values = {field: control.value for field, control in self.controls.items()}
+        return replace(self.state, **dict(values, **{name: value}))
 
     def _sync_controls(self, state) -> None:
         with self._quietly():
@@ -78,8 +80,31 @@ class LiveView:
         self._sync_controls(state)
         redraw(self.figure, new)
 
+    def figure_for(self, name: str, value) -> go.Figure:
+        """The figure this widget draws once control `name` is moved to `value` from the current
+        state, computed afresh and leaving the widget as it is (what a browser test compares
+        the page with after moving that control)."""
+        if name not in self.controls:
+            raise ValueError(f"name must be one of this widget's controls {sorted(self.controls)}, got {name!r}")
+        return self._figure(self._checked(self._state_from_controls(name, value)))
+
     def _repr_mimebundle_(self, **kwargs):
         return live_mimebundle(self.widget, type(self).__name__, **kwargs)
+
+
+def live_view_of(model_id: str):
+    """The live view (any object with `figure_for` and a `widget`) whose widget has this
+    ipywidgets model id, as a page shows it; None if there is none. Lets a browser test ask the
+    kernel what a widget on the page must draw."""
+    import gc
+
+    for obj in gc.get_objects():
+        if not callable(getattr(type(obj), "figure_for", None)):  # a class attribute, not a dynamic one
+            continue
+        widget = getattr(obj, "widget", None)
+        if widget is not None and getattr(widget, "model_id", None) == model_id:
+            return obj
+    return None
 
 
 def move_control(control, value) -> None:

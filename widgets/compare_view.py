@@ -75,10 +75,18 @@ class CompareView:
                                style={"description_width": "initial"}, layout=W.Layout(width="640px"))
         self.figure = go.FigureWidget(compare_figure(results, metric).update_layout(width=900))
         self.menu.observe(self._on_change, names="value")
+        self.controls = {"metric": self.menu}
         self.widget = W.VBox([self.menu, self.figure])
 
+    def figure_for(self, name: str, value) -> go.Figure:
+        """The figure drawn once the menu (`name="metric"`) shows `value`, the widget untouched."""
+        if name != "metric":
+            raise ValueError(f"name must be 'metric' (the measurement menu), got {name!r}")
+        _check(self.results, value)
+        return compare_figure(self.results, value).update_layout(width=900)
+
     def _on_change(self, change) -> None:
-        redraw(self.figure, compare_figure(self.results, change["new"]).update_layout(width=900))
+        redraw(self.figure, self.figure_for("metric", change["new"]))
 
     def _repr_mimebundle_(self, **kwargs):
         return live_mimebundle(self.widget, "CompareView", **kwargs)

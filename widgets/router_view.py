@@ -387,6 +387,20 @@ class RouterView:
         s = self.state
         self.show(s["run"], s["layer"], s["step"])
 
+    def figure_for(self, name: str, value) -> go.Figure:
+        """The figure drawn once control `name` ("run", "layer" or "step") is at `value`, the
+        others as they are (a shorter run's last step where the step is beyond it), computed
+        afresh, the widget untouched."""
+        if name not in self.controls:
+            raise ValueError(f"name must be one of this widget's controls {sorted(self.controls)}, got {name!r}")
+        options = self.controls[name].options if name != "step" else None
+        if options is not None and value not in [o[1] if isinstance(o, tuple) else o for o in options]:
+            raise ValueError(f"value must be one of the {name} menu's values, got {value!r}")
+        s = dict(self.state, **{name: value})
+        s["step"] = min(s["step"], self.runs[s["run"]]["load"].shape[0] - 1)
+        return router_figure(self.runs, run=s["run"], layer=s["layer"], step=s["step"], animate=False,
+                             _strip_row=self.strip)
+
     def show(self, run: str, layer: int, step: int) -> None:
         """Redraw for `run`, `layer` and training step `step` (0-based)."""
         redraw(self.figure, router_figure(self.runs, run=run, layer=layer, step=step, animate=False,

@@ -242,6 +242,16 @@ class SSMStateView:
         """Show token `step` (1-based, as the slider)."""
         redraw(self.figure, self._figure(step - 1))
 
+    def figure_for(self, name: str, value) -> go.Figure:
+        """The figure drawn once the token slider (`name="step"`) is at `value`, computed afresh,
+        the widget untouched. A new input sequence (`"text"`) runs the model: not previewed."""
+        if name != "step":
+            raise ValueError(f"name must be 'step' (the token slider), got {name!r}")
+        slider = self.controls["step"]
+        if isinstance(value, bool) or not isinstance(value, int) or not slider.min <= value <= slider.max:
+            raise ValueError(f"value must be a token position from {slider.min} to {slider.max}, got {value!r}")
+        return self._figure(value - 1)
+
     def _figure(self, t: int) -> go.Figure:
         return ssm_state_figure(self.tokens, self.runs, step=t, animate=False, delta_channels=self.delta_channels)
 

@@ -13,16 +13,14 @@ router's probe characters are drawn at 16 px without overlapping; Tab reaches ev
 
 from __future__ import annotations
 
-import base64
 import importlib.util
 import json
-import math
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from drawn import DRAWN_JS, FIGURE, difference as _difference, drawn_data as _drawn_data, plain as _plain
 from widgets.gallery import GALLERY, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,15 +38,6 @@ MARK_CONTROLS_JS = """(sel) => {
   return controls.map(el => el.tagName.toLowerCase() + '.' + String(el.className).split(' ')[0]
                              + ' ' + (el.closest('.widget-inline-hbox, .widget-text, .widget-dropdown')
                                       ?.querySelector('.widget-label')?.textContent || el.textContent || '').trim());
-}"""
-FIGURE = "JSON.stringify([el.data.map(t => [t.x, t.y, t.z, t.text]), el.layout.title])"
-# The drawn figure's data as plain JSON: typed arrays as lists (plotly.js keeps what the widget sent)
-DRAWN_JS = """(el) => {
-  const plain = (v) => v === undefined ? null : ArrayBuffer.isView(v) ? Array.from(v)
-                     : Array.isArray(v) ? v.map(plain) : v;
-  const title = el.layout.title;
-  return JSON.stringify({traces: el.data.map(t => ({x: plain(t.x), y: plain(t.y), z: plain(t.z), text: plain(t.text)})),
-                         title: title === undefined ? null : (typeof title === 'string' ? title : title.text ?? null)});
 }"""
 # The probe characters of the router's strip as drawn: text-mode scatter points of one or two glyphs
 PROBE_LABELS_JS = """(el) => Array.from(el.querySelectorAll('.textpoint text'))
@@ -144,29 +133,6 @@ def _walk(widget):
         yield from _walk(child)
 
 
-def _plain(value):
-    """Plotly JSON values as lists, strings and floats (a base64 typed array decoded)."""
-    if isinstance(value, dict) and "bdata" in value:
-        shape = value.get("shape", -1)
-        shape = [int(n) for n in shape.split(",")] if isinstance(shape, str) else shape  # "196, 38"
-        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).reshape(shape).tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _drawn_data(figure) -> dict:
-    """A FigureWidget's data as the page's DRAWN_JS reads it."""
-    from plotly.utils import PlotlyJSONEncoder
-
-    fig = json.loads(json.dumps(figure.to_plotly_json(), cls=PlotlyJSONEncoder))
-    title = fig["layout"].get("title", {})
-    return {"traces": [{k: _plain(t.get(k)) for k in ("x", "y", "z", "text")} for t in fig["data"]],
-            "title": title.get("text") if isinstance(title, dict) else title}
-
-
 def _expected_after_the_move(name: str):
     """(what the keyboard does, the data drawn before, the data it must lead to): the same widget
     built here at the gallery's defaults, its control moved as the keys move it in the page. A
@@ -190,27 +156,6 @@ def _expected_after_the_move(name: str):
         slider.value = moved if isinstance(slider, W.IntSlider) else round(moved, 10)
         keys = "ArrowRight"
     return keys, initial, _drawn_data(figure)
-
-
-def _difference(drawn, expected, where="figure") -> str | None:
-    """Where two figures' data first differ (numbers to 1e-9 relative), or None."""
-    if isinstance(expected, dict) and isinstance(drawn, dict):
-        for key in expected:
-            if (diff := _difference(drawn.get(key), expected[key], f"{where}.{key}")) is not None:
-                return diff
-        return None
-    if isinstance(expected, list) and isinstance(drawn, list):
-        if len(drawn) != len(expected):
-            return f"{where}: {len(drawn)} items drawn, {len(expected)} expected"
-        for i, (d, e) in enumerate(zip(drawn, expected)):
-            if (diff := _difference(d, e, f"{where}[{i}]")) is not None:
-                return diff
-        return None
-    numbers = (int, float)
-    if (isinstance(drawn, numbers) and isinstance(expected, numbers) and not isinstance(drawn, bool)
-            and not isinstance(expected, bool) and math.isclose(drawn, expected, rel_tol=1e-9, abs_tol=1e-12)):
-        return None
-    return None if drawn == expected else f"{where}: drawn {drawn!r}, expected {expected!r}"
 
 
 def _assert_probe_labels_readable(plot):

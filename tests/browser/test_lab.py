@@ -1,5 +1,6 @@
 """Every lesson in a real JupyterLab: all cells run without an error output, the static figures
-draw, and every live widget responds to a change of one of its controls.
+draw, and every live widget, when one of its controls moves, draws exactly what the kernel's
+own widget says it must draw for the new value.
 
 What runs here is each lesson's exercise version (lessons/exercises/NN-*.ipynb, generated from the
 lesson: the same cells, with the exercise solutions replaced by stubs), so one execution checks
@@ -13,8 +14,12 @@ here bit for bit (the same trained model, the same loss curve drawn again), so t
 each lesson's models once. Run alone, this file trains them for real.
 """
 
+import json
+import time
+
 import pytest
 
+from drawn import DRAWN_JS, difference, drawn_data_of_json, plain
 from lib.course import LESSONS
 
 LANDED = [f"exercises/{lesson.stem}.ipynb" for lesson in LESSONS if lesson.landed()]
@@ -41,12 +46,63 @@ CELL_STATE_JS = """() => {
   return {errors, unrun, n: cells.length, plotly, widgets: html, exercises};
 }"""
 
-# A live widget's plotted data as JSON (null until plotly has drawn it): the first plot inside
-# the widget boxes of code cell i, found anew each time it is called.
-PLOT_DATA_JS = """(i) => {
-  const el = window.jupyterapp.shell.currentWidget.content.widgets[i].node.querySelector('.widget-vbox .js-plotly-plot');
-  return el && el.data && el.data.length >= 1 ? JSON.stringify(el.data.map(t => [t.x, t.y, t.z, t.text])) : null;
+# Runs code in the notebook's own kernel (not in a cell) and returns what it printed, or the error.
+KERNEL_JS = """async (code) => {
+  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  const future = kernel.requestExecute({code, silent: false, store_history: false});
+  let out = '', err = '';
+  future.onIOPub = (msg) => {
+    if (msg.header.msg_type === 'stream') out += msg.content.text;
+    if (msg.header.msg_type === 'error') err += msg.content.ename + ': ' + msg.content.evalue;
+  };
+  await future.done;
+  return {out, err};
 }"""
+
+# The ipywidgets model id of the widget shown by code cell i (null when it shows none).
+MODEL_ID_JS = """(i) => {
+  const outputs = window.jupyterapp.shell.currentWidget.content.model.cells.get(i).outputs.toJSON();
+  const view = outputs.map(o => o.data && o.data['application/vnd.jupyter.widget-view+json']).find(v => v);
+  return view ? view.model_id : null;
+}"""
+
+# Kernel side: the live view behind the widget (widgets._base.live_view_of), the move this test
+# makes (the first enabled menu to its next option, its previous one on the last; otherwise the
+# first slider three steps right, left where that passes its end), and the figure the view says
+# it draws after that move (`figure_for`, computed afresh from the move's known value).
+PLAN_PY = """
+def _onemask_plan(model_id):
+    import json
+    import ipywidgets as W
+    from plotly.utils import PlotlyJSONEncoder
+    from widgets._base import live_view_of
+    view = live_view_of(model_id)
+    if view is None:
+        return print(json.dumps(None))
+    def walk(w):
+        yield w
+        for child in getattr(w, "children", ()):
+            yield from walk(child)
+    parts = list(walk(view.widget))
+    names = {id(c): n for n, c in view.controls.items()}
+    menus = [w for w in parts if isinstance(w, W.Dropdown) and not w.disabled]
+    sliders = [w for w in parts if isinstance(w, (W.IntSlider, W.FloatSlider))]
+    if menus:
+        menu = menus[0]
+        index = menu.index - 1 if menu.index == len(menu.options) - 1 else menu.index + 1
+        label, value = menu.options[index] if isinstance(menu.options[index], tuple) else (menu.options[index],) * 2
+        plan = {"control": "menu", "label": str(label), "name": names[id(menu)]}
+    else:
+        slider = sliders[0]
+        right = slider.value + 3 * slider.step <= slider.max
+        value = slider.value + (3 if right else -3) * slider.step
+        value = value if isinstance(slider, W.IntSlider) else round(value, 10)
+        plan = {"control": "slider", "key": "ArrowRight" if right else "ArrowLeft", "name": names[id(slider)]}
+    plan["value"] = value
+    plan["figure"] = view.figure_for(plan["name"], value).to_plotly_json()
+    print(json.dumps(plan, cls=PlotlyJSONEncoder))
+"""
+
 
 SCROLL_TO_JS = """async (i) => { const nb = window.jupyterapp.shell.currentWidget.content;
   nb.activeCellIndex = i; await nb.scrollToItem(i); }"""
@@ -119,42 +175,51 @@ def test_static_figures_render_in_lab(lab_page):
                                ".node.querySelector('.js-plotly-plot .main-svg')", arg=i, timeout=30_000)
 
 
-def test_every_live_widget_responds_to_a_control(lab_page):
-    """For each live widget (controls above a plotly FigureWidget): change one control and see the
-    plotted data change. A dropdown gets another option; otherwise the last slider moves right."""
+def _kernel(page, code: str) -> str:
+    result = page.evaluate(KERNEL_JS, code)
+    assert not result["err"], result["err"]
+    return result["out"]
+
+
+def test_every_live_widget_draws_the_right_figure_after_a_move(lab_page):
+    """For each live widget (controls above a plotly FigureWidget): ask the kernel which control
+    to move, to what value, and what the widget must then draw (its `figure_for` that value);
+    move the control in the page as a student would (a menu's option, a slider's arrow keys);
+    the page must then draw exactly that figure, and must not have drawn it before."""
     page, _ = lab_page
-    indices = page.evaluate(CELL_STATE_JS)["widgets"]
+    _kernel(page, PLAN_PY)
     checked = 0
-    for i in indices:
+    for i in page.evaluate(CELL_STATE_JS)["widgets"]:
         page.evaluate(SCROLL_TO_JS, i)
         page.evaluate("(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
                       ".setAttribute('data-onemask-cell', String(i))", i)
         cell = page.locator(f"[data-onemask-cell='{i}']")
+        # widgets render asynchronously
         page.wait_for_function("(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
-                               ".querySelector('.js-plotly-plot') !== null", arg=i, timeout=60_000)  # widgets render asynchronously
-        page.evaluate("(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
-                      ".setAttribute('data-onemask-cell', String(i))", i)
-        box = cell.locator(".widget-vbox").filter(has=page.locator(".js-plotly-plot")).first
-        if box.count() == 0:
-            continue  # a widget without a plot (e.g. a loss curve's own cell is checked elsewhere)
-        plot = box.locator(".js-plotly-plot").first
-        plot.wait_for(timeout=60_000)
-        # The plot is looked up afresh on every poll (PLOT_DATA_JS), never through a handle: a
-        # widget may redraw into a new element after it first appears, most often on a busy runner.
-        page.wait_for_function(f"(i) => ({PLOT_DATA_JS})(i) !== null", arg=i, timeout=60_000)
-        before = page.evaluate(PLOT_DATA_JS, i)
-        selects = box.locator(".widget-dropdown select")
-        if selects.count():
-            select = selects.first
-            options = select.locator("option").all_inner_texts()
-            current = select.evaluate("(s) => s.options[s.selectedIndex].text")
-            select.select_option(next(o for o in options if o != current))
+                               ".querySelector('.js-plotly-plot') !== null", arg=i, timeout=60_000)
+        controls = cell.locator(".widget-dropdown select:not([disabled]), .noUi-handle")
+        plan = json.loads(_kernel(page, f"_onemask_plan({page.evaluate(MODEL_ID_JS, i)!r})"))
+        if plan is None:
+            assert controls.count() == 0, f"cell {i}: a widget with controls but no figure_for"
+            continue  # a plot without controls (a loss curve)
+        expected = drawn_data_of_json(plan["figure"])
+        plot = cell.locator(".js-plotly-plot").first
+        drawn = lambda: plain(json.loads(plot.evaluate(DRAWN_JS)))  # noqa: E731 (looked up afresh each time)
+        assert difference(drawn(), expected) is not None, f"cell {i}: the move would not change the figure"
+        if plan["control"] == "menu":
+            cell.locator(".widget-dropdown select:not([disabled])").first.select_option(label=plan["label"])
         else:
-            handle = box.locator(".noUi-handle").last
+            handle = cell.locator(".noUi-handle").first
             handle.focus()
             for _ in range(3):
-                handle.press("ArrowRight")
-        page.wait_for_function(f"([i, old]) => ({PLOT_DATA_JS})(i) !== old", arg=[i, before], timeout=60_000)
+                handle.press(plan["key"])
+        deadline, diff = time.time() + 60, "not compared"  # a slider's intermediate steps redraw first
+        while time.time() < deadline:
+            diff = difference(drawn(), expected)
+            if diff is None:
+                break
+            time.sleep(0.25)
+        assert diff is None, f"cell {i}: after moving {plan['name']} to {plan['value']!r}: {diff}"
         checked += 1
     assert checked >= 1, "every lesson has at least one live widget"
 
