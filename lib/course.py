@@ -2,14 +2,24 @@
 
 `landed` says whether the lesson's notebook exists yet; `cpu` and `gpu` say what it does on a
 CPU-only laptop and what a CUDA GPU adds. Keep in step with ../shared/COURSE-MAP.md.
+
+`measured()` reads what `make notebooks` recorded for each lesson (lessons/run_times.json: its
+compute time on 2 cores and its kernel's peak resident memory); `class_needs` and
+`sizing_markdown` turn that into what a server for a class needs (the README's sizing table is
+generated from it, and the doctor warns where a server has less memory than a lesson used).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LESSONS", "Lesson"]
+__all__ = ["LESSONS", "Lesson", "class_needs", "measured", "sizing_markdown"]
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADROOM = 1.25  # per-student memory: a lesson's measured peak plus a quarter (other data, other runs)
 
 
 @dataclass(frozen=True)
@@ -48,3 +58,52 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(8, "architectures-compared", "Architectures compared", "Which architecture for which job, measured?",
            "runs fully at toy scale", "larger runs"),
 )
+
+
+def measured(root: Path | None = None) -> dict[str, dict]:
+    """Each lesson's recorded run ({stem: {"seconds", "peak_rss_mib", "machine", ...}}); empty
+    where no record ships (a copy of lib without the lessons)."""
+    path = (root or ROOT) / "lessons" / "run_times.json"
+    try:
+        return json.loads(path.read_text())["lessons"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def class_needs(n_students: int, root: Path | None = None) -> dict:
+    """What a server for `n_students` running the lessons at once needs, from the recorded peaks:
+    a per-student memory limit (the largest lesson peak with 25% headroom, rounded up to 256 MiB),
+    the total for the class, and the cores for every lesson to keep its 2-core timing."""
+    if isinstance(n_students, bool) or not isinstance(n_students, int) or n_students < 1:
+        raise ValueError(f"n_students must be a whole number >= 1, got {n_students!r}")
+    runs = measured(root)
+    peaks = [r["peak_rss_mib"] for r in runs.values() if r.get("peak_rss_mib")]
+    if not peaks:
+        raise ValueError("no lesson has a recorded peak memory: run `make notebooks` first")
+    per_student = 256 * math.ceil(max(peaks) * HEADROOM / 256)
+    return {"per_student_mib": per_student, "total_gib": n_students * per_student / 1024,
+            "cores": 2 * n_students, "largest_peak_mib": max(peaks),
+            "slowest_seconds": max(r["seconds"] for r in runs.values())}
+
+
+def sizing_markdown(n_students: int = 30, root: Path | None = None) -> str:
+    """The README's sizing section body: one row per lesson, then what a class needs."""
+    runs = measured(root)
+    rows = ["| lesson | compute on 2 cores | peak memory of its kernel |", "|---|---|---|"]
+    for lesson in LESSONS:
+        r = runs.get(lesson.stem)
+        if r is not None:
+            peak = "not measured" if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:,} MiB"
+            rows.append(f"| {lesson.number:02d} {lesson.title} | {r['seconds']:.0f} s | {peak} |")
+    machines = sorted({r["machine"]["cpu"] for r in runs.values()})
+    try:
+        need = class_needs(n_students, root)
+    except ValueError:  # no peak recorded yet
+        return "\n".join(rows) + "\n\nNo peak memory is recorded yet: run `make notebooks`."
+    return "\n".join(rows) + (
+        f"\n\nMeasured by `make notebooks` on {', '.join(machines)} (2 threads). A class of "
+        f"{n_students} working at the same time needs about {need['per_student_mib']:,} MiB per "
+        f"student (the largest peak, {need['largest_peak_mib']:,} MiB, plus 25%), "
+        f"{need['total_gib']:.1f} GiB in all, and {need['cores']} cores for every lesson to "
+        f"keep these times (2 per student). JupyterLab's own server process comes on top of "
+        f"each student's kernel.")

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from lib.course import LESSONS
+from lib.course import LESSONS, measured
 from lib.hosted import MIN_TORCH, TESTED_TORCH
 
-__all__ = ["Capabilities", "capabilities", "report", "torch_note", "triton_mode"]
+__all__ = ["Capabilities", "capabilities", "memory_limit_gib", "report", "torch_note", "triton_mode"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Capabilities:
     mps: bool
     triton_mode: str  # "compiled", "interpreter", "unavailable"
     cpu_scan: str = "not checked"  # lib.kernels.scan_cpu.cpu_kernel_status(): lesson 06's fused C loop
+    memory_gib: float | None = None  # what this machine or its container lets the kernel use
 
     @property
     def gpu(self) -> bool:
@@ -73,6 +74,24 @@ def torch_note(version: str) -> str:
             "a printed number may differ slightly from the one stored in the notebook")
 
 
+def memory_limit_gib() -> float | None:
+    """The memory this kernel may use, in GiB: a container's limit (cgroup v2 or v1) where one is
+    set, else the machine's physical memory; None where neither can be read."""
+    limits = []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            limits.append(int(text))
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):  # not on every platform
+        pass
+    return round(min(limits) / 2**30, 1) if limits else None
+
+
 def capabilities() -> Capabilities:
     cuda = mem = None
     if torch.cuda.is_available():
@@ -92,6 +111,7 @@ def capabilities() -> Capabilities:
         mps=mps,
         triton_mode=triton_mode(),
         cpu_scan=_cpu_scan_status(),
+        memory_gib=memory_limit_gib(),
     )
 
 
@@ -121,12 +141,19 @@ def report(caps: Capabilities | None = None, file=None) -> Capabilities:
         f"  Apple MPS: {'available (the lessons still use the CPU)' if caps.mps else 'no'}",
         f"  Triton: {triton}",
         f"  C scan loop (lesson 06): {caps.cpu_scan}",
+        "  memory this kernel may use: "
+        + (f"{caps.memory_gib} GiB" if caps.memory_gib is not None else "unknown"),
         "What each lesson does here:",
     ]
+    runs = measured()
     for lesson in LESSONS:
         does = lesson.gpu if caps.gpu else lesson.cpu
         if not caps.gpu and lesson.gpu != "nothing needed":
             does += f"; a GPU adds: {lesson.gpu}"
+        peak = runs.get(lesson.stem, {}).get("peak_rss_mib")
+        if peak and caps.memory_gib is not None and peak / 1024 > caps.memory_gib:
+            does += (f"; NEEDS MORE MEMORY: its kernel peaked at {peak:,} MiB when measured, "
+                     f"more than the {caps.memory_gib} GiB here (ask for a larger server)")
         status = "" if lesson.landed() else " (not written yet)"
         lines.append(f"  {lesson.number:02d} {lesson.title}{status}: {does}")
     print("\n".join(lines), file=out)

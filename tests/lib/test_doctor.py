@@ -34,3 +34,34 @@ def test_doctor_runs_as_a_module():
 def test_course_map_numbers_lessons_in_order():
     assert [lesson.number for lesson in LESSONS] == list(range(1, 9))
     assert LESSONS[0].landed()
+
+
+def test_doctor_warns_where_a_lesson_needs_more_memory_than_this_server():
+    from dataclasses import replace
+
+    from lib.course import measured
+
+    runs = {stem: r["peak_rss_mib"] for stem, r in measured().items() if r.get("peak_rss_mib")}
+    assert runs, "make notebooks records each lesson's peak memory"
+    biggest = max(runs, key=runs.get)
+    lesson = next(x for x in LESSONS if x.stem == biggest)
+    caps = doctor.capabilities()
+    small, ample = (replace(caps, memory_gib=gib) for gib in (runs[biggest] / 1024 * 0.9, 1024.0))
+    for caps_, warned in ((small, True), (ample, False)):
+        buf = io.StringIO()
+        doctor.report(caps_, file=buf)
+        line = next(x for x in buf.getvalue().splitlines() if f"{lesson.number:02d} {lesson.title}" in x)
+        assert ("NEEDS MORE MEMORY" in line) == warned, line
+        assert (f"{runs[biggest]:,} MiB" in line) == warned
+    unknown = io.StringIO()
+    doctor.report(replace(caps, memory_gib=None), file=unknown)  # a platform that does not say
+    assert "memory this kernel may use: unknown" in unknown.getvalue()
+    assert "NEEDS MORE MEMORY" not in unknown.getvalue()
+
+
+def test_memory_limit_is_at_most_the_physical_memory():
+    import os
+
+    limit = doctor.memory_limit_gib()
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert limit is not None and 0 < limit <= round(physical, 1)
