@@ -1,6 +1,7 @@
 """Generate the exercise version of each lesson: the solutions replaced by stubs.
 
-    python tools/make_exercises.py           # write lessons/exercises/NN-name.ipynb
+    python tools/make_exercises.py           # write lessons/exercises/NN-name.ipynb and the
+                                             # nbgrader source lessons/grading/source/lessonNN/
     python tools/make_exercises.py --check   # exit 1 if any generated file is missing or stale
 
 In a lesson, an exercise is a code cell whose solution sits between `### BEGIN SOLUTION` and
@@ -29,6 +30,8 @@ OUT = LESSONS / "exercises"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = ["# YOUR CODE HERE: replace the next line", "raise NotImplementedError"]
 ANSWER = "answer"  # the tag of a cell that shows an exercise's answer
+GRADING = LESSONS / "grading"  # an nbgrader course directory: source/lessonNN/NN-name.ipynb
+POINTS = 1  # each exercise's check is worth one point: it passes or it does not
 EXERCISE = re.compile(r"^#+ Exercise (\d+\.\d+)\b", re.M)
 
 
@@ -117,20 +120,80 @@ def exercise_notebook(lesson: Path) -> str:
     return json.dumps(out, indent=1, ensure_ascii=False) + "\n"
 
 
+def split_check(source: str, where: str) -> tuple[str, str]:
+    """An exercise cell as (its solution part, its closing `check_...(...)` call)."""
+    body = ast.parse(source).body
+    last = body[-1] if body else None
+    if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+            and isinstance(last.value.func, ast.Name) and last.value.func.id.startswith("check_")):
+        raise ValueError(f"{where}: an exercise cell must end with its check_...(...) call")
+    lines = source.split("\n")
+    return "\n".join(lines[: last.lineno - 1]).rstrip(), "\n".join(lines[last.lineno - 1: last.end_lineno])
+
+
+def _nbgrader(grade_id: str, *, solution=False, grade=False, locked=True) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3,
+            "solution": solution, "task": False}
+    if grade:
+        meta["points"] = POINTS
+    return {"nbgrader": meta}
+
+
+def grading_notebook(lesson: Path) -> str:
+    """The lesson as an nbgrader source notebook: each exercise's solution in an editable
+    solution cell (nbgrader's own BEGIN/END SOLUTION markers, which the lessons use), its check
+    in a locked autograded cell worth one point (the check's report, then an assert on it), every
+    other cell locked, answer cells hidden as in the exercise version, outputs cleared."""
+    nb = json.loads(lesson.read_text())
+    cells, last_exercise = [], None
+    for i, cell in enumerate(nb["cells"]):
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        where = f"{lesson.name} cell {i}"
+        if cell["cell_type"] == "markdown":
+            last_exercise = (EXERCISE.findall(source) or [last_exercise])[-1]
+        if ANSWER in cell.get("metadata", {}).get("tags", []):
+            cell = hidden_answer(cell, last_exercise, where)
+            source = cell["source"]
+        base = {"cell_type": cell["cell_type"], "id": f"cell-{i:03d}", "source": source}
+        if cell["cell_type"] == "code" and BEGIN in source:
+            ex = last_exercise.replace(".", "-")
+            solution, call = split_check(source, where)
+            cells.append(dict(base, source=solution,
+                              metadata=_nbgrader(f"exercise-{ex}-solution", solution=True, locked=False),
+                              outputs=[], execution_count=None))
+            check = (f"grade_report = {call}\nprint(grade_report)\n"
+                     f"assert grade_report.passed, \"Exercise {last_exercise} is not solved yet\"")
+            cells.append({"cell_type": "code", "id": f"cell-{i:03d}-check", "source": check,
+                          "metadata": _nbgrader(f"exercise-{ex}-check", grade=True),
+                          "outputs": [], "execution_count": None})
+            continue
+        meta = _nbgrader(f"cell-{i:03d}")
+        if cell["cell_type"] == "code":
+            cells.append(dict(base, metadata=meta, outputs=[], execution_count=None))
+        else:
+            cells.append(dict(base, metadata=meta))
+    metadata = {k: v for k, v in nb["metadata"].items() if k != "jupytext"}
+    return json.dumps(dict(nb, cells=cells, metadata=metadata), indent=1, ensure_ascii=False) + "\n"
+
+
+def grading_path(lesson: Path) -> Path:
+    return GRADING / "source" / f"lesson{lesson.name[:2]}" / lesson.name
+
+
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     lessons = sorted(LESSONS.glob("[0-9][0-9]-*.ipynb"))
     stale = []
     for lesson in lessons:
-        target = OUT / lesson.name
-        text = exercise_notebook(lesson)
-        if check:
-            if not target.exists() or target.read_text() != text:
-                stale.append(str(target.relative_to(ROOT)))
-        else:
-            OUT.mkdir(exist_ok=True)
-            target.write_text(text)
-            print(f"wrote {target.relative_to(ROOT)}")
+        for target, text in ((OUT / lesson.name, exercise_notebook(lesson)),
+                             (grading_path(lesson), grading_notebook(lesson))):
+            if check:
+                if not target.exists() or target.read_text() != text:
+                    stale.append(str(target.relative_to(ROOT)))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+                print(f"wrote {target.relative_to(ROOT)}")
     if stale:
         print("stale or missing exercise notebooks (run `python tools/make_exercises.py`):\n  " + "\n  ".join(stale))
         return 1

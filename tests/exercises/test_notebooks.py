@@ -117,3 +117,54 @@ def test_each_exercise_comes_before_the_cell_that_prints_its_answer(lesson):
     for name, check in answered.items():
         if check in "".join(c.source for c in nb.cells):
             assert f"getsource({name})" not in exercise_nb, f"the exercise version shows {name}"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_grading_notebook_is_an_nbgrader_source_with_one_graded_check_per_exercise(lesson):
+    """The nbgrader source version (lessons/grading/source/lessonNN/): per exercise, an editable
+    solution cell (nbgrader's BEGIN/END SOLUTION markers) then a locked autograded cell worth a
+    point that calls the same check; every other cell locked; ids unique; nothing executed."""
+    tool = load_tool("make_exercises")
+    nb = nbformat.reads(tool.grading_path(lesson).read_text(), as_version=4)
+    meta = [c.metadata.get("nbgrader", {}) for c in nb.cells]
+    assert all(m.get("schema_version") == 3 for m in meta), "every cell is an nbgrader cell"
+    ids = [m["grade_id"] for m in meta]
+    assert len(ids) == len(set(ids))
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
+    solutions = [i for i, m in enumerate(meta) if m["solution"]]
+    graded = [i for i, m in enumerate(meta) if m["grade"]]
+    n_exercises = len(exercise_cells(nbformat.read(lesson, as_version=4)))
+    assert len(solutions) == len(graded) == n_exercises
+    for s, g in zip(solutions, graded):
+        assert g == s + 1, "each check follows its solution"
+        assert "### BEGIN SOLUTION" in nb.cells[s].source and not meta[s]["locked"]
+        assert meta[g]["locked"] and meta[g]["points"] == 1
+        check = re.search(r"\b(check_\w+)\(", nb.cells[g].source).group(1)
+        assert f"{check}(my_" in nb.cells[g].source and "assert grade_report.passed" in nb.cells[g].source
+        assert check not in nb.cells[s].source, "the check is in the graded cell only"
+    assert all(m["locked"] for i, m in enumerate(meta) if i not in solutions)
+    assert "getsource" not in "".join(c.source for c in nb.cells if "answer" in c.metadata.get("tags", []))
+
+
+def test_graded_cells_pass_the_solution_and_fail_a_wrong_answer():
+    """Run lesson 01's solution and graded cells as nbgrader's autograder would: the solutions
+    pass every graded cell; a wrong answer makes its graded cell raise (zero points)."""
+    import math
+
+    import torch
+
+    import lib.exercises.lesson01 as checks
+
+    tool = load_tool("make_exercises")
+    lesson = next(p for p in LESSONS if p.name.startswith("01-"))
+    nb = nbformat.reads(tool.grading_path(lesson).read_text(), as_version=4)
+    pairs = [(nb.cells[i], nb.cells[i + 1]) for i, c in enumerate(nb.cells)
+             if c.metadata.get("nbgrader", {}).get("solution")]
+    namespace = {"torch": torch, "math": math, **{n: getattr(checks, n) for n in dir(checks)
+                                                   if n.startswith("check_")}}
+    for solution, graded in pairs:
+        exec(solution.source, namespace)
+        exec(graded.source, namespace)  # passes: no AssertionError
+    namespace["my_causal_mask"] = lambda T: torch.zeros(T, T)  # no mask at all
+    with pytest.raises(AssertionError, match="Exercise 1.1 is not solved yet"):
+        exec(pairs[0][1].source, namespace)
