@@ -50,3 +50,6 @@ for n in wanted:
         out.append(f'      - "{pin}"' if ";" in pin else f"      - {pin}")
 Path("environment.yml").write_text("\n".join(out) + "\n")
 PY
+
+# The hub image's packages (binder/requirements.txt) follow the student's lock.
+"$PYTHON" tools/make_binder.py

@@ -1,0 +1,78 @@
+"""The hub image: repo2docker builds it from binder/ (not from the conda environment.yml at the
+root), installs the course's CPU packages, then the course itself, and starts each server with as
+many threads as the container has CPUs."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BINDER = ROOT / "binder"
+
+
+def test_binder_requirements_are_the_lock_with_torch_cpu():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "make_binder.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    spec = importlib.util.spec_from_file_location("make_binder", ROOT / "tools" / "make_binder.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    text = tool.requirements("# comment\nnumpy==2.0.0\ntorch==2.13.0\n    # via x\n")
+    assert text.splitlines()[2:] == ["--extra-index-url https://download.pytorch.org/whl/cpu",
+                                     "numpy==2.0.0", "torch==2.13.0+cpu"]
+    with pytest.raises(ValueError, match="pin torch once"):
+        tool.requirements("numpy==2.0.0\n")
+
+
+def test_post_build_installs_the_course_its_lab_settings_and_the_gallery_template():
+    post = (BINDER / "postBuild").read_text()
+    assert os.access(BINDER / "postBuild", os.X_OK) and post.startswith("#!/bin/bash")
+    assert "pip install --no-cache-dir --no-deps --no-build-isolation -e ." in post
+    assert "tools/lab_overrides.json" in post and "write_template" in post
+    assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
+
+
+@pytest.mark.parametrize("cpu_max, preset, threads", [
+    ("200000 100000", None, "2"),  # 2 CPUs
+    ("150000 100000", None, "2"),  # 1.5 CPUs: rounded up
+    ("100000 100000", None, "1"),
+    ("max 100000", None, None),  # no limit: torch's own default
+    ("400000 100000", "3", "3"),  # a teacher's OMP_NUM_THREADS wins
+    (None, None, None),  # no cgroup file at all
+])
+def test_start_sets_threads_from_the_containers_cpu_limit(tmp_path, cpu_max, preset, threads):
+    if cpu_max is not None:
+        (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["ONEMASK_CGROUP"] = str(tmp_path)
+    if preset is not None:
+        env["OMP_NUM_THREADS"] = preset
+    out = subprocess.run(["bash", str(BINDER / "start"), "bash", "-c", "echo ${OMP_NUM_THREADS:-unset}"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == (threads or "unset")
+
+
+@pytest.mark.skipif(shutil.which("repo2docker") is None and importlib.util.find_spec("repo2docker") is None,
+                    reason="repo2docker is not installed (pip install jupyter-repo2docker)")
+def test_repo2docker_builds_from_binder_and_runs_post_build(tmp_path):
+    repo = tmp_path / "repo"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, repo / name)
+    r2d = [shutil.which("repo2docker")] if shutil.which("repo2docker") else [sys.executable, "-m", "repo2docker"]
+    proc = subprocess.run(r2d + ["--no-build", "--no-run", "--debug", str(repo)],
+                          capture_output=True, text=True, timeout=300)
+    dockerfile = proc.stdout + proc.stderr
+    assert proc.returncode == 0, dockerfile[-3000:]
+    assert 'pip install --no-cache-dir -r "binder/requirements.txt"' in dockerfile
+    assert "RUN ./binder/postBuild" in dockerfile
+    assert 'R2D_ENTRYPOINT="${REPO_DIR}/binder/start"' in dockerfile
+    assert "environment.yml" not in dockerfile  # the root's conda file is ignored
