@@ -36,8 +36,7 @@ class Lesson:
         return f"{self.number:02d}-{self.slug}"
 
     def landed(self, root: Path | None = None) -> bool:
-        root = root or Path(__file__).resolve().parent.parent
-        return (root / "lessons" / f"{self.stem}.ipynb").exists()
+        return ((root or ROOT) / "lessons" / f"{self.stem}.ipynb").exists()
 
 
 LESSONS: tuple[Lesson, ...] = (
