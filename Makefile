@@ -49,11 +49,13 @@ $(STUDENT_STAMP): requirements.lock pyproject.toml tools/lab_overrides.json
 	@mkdir -p $(VENV)/share/jupyter/lab/settings && cp tools/lab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STUDENT_STAMP)
 
-# The contributor's install: the student's plus pytest, Jupyter Book, uv, Chromium and axe-core.
-$(STAMP): $(STUDENT_STAMP) requirements-dev.lock tools/install_browser.sh tools/install_axe.sh
+# The contributor's install: the student's plus pytest, Jupyter Book, uv, nbgrader, JupyterHub,
+# Chromium, axe-core and configurable-http-proxy.
+$(STAMP): $(STUDENT_STAMP) requirements-dev.lock tools/install_browser.sh tools/install_axe.sh tools/install_proxy.sh
 	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
 	bash tools/install_browser.sh $(BIN)
 	bash tools/install_axe.sh $(VENV)
+	bash tools/install_proxy.sh $(VENV)
 	@touch $(STAMP)
 
 setup: $(STAMP)
