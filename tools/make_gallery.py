@@ -32,8 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_SRC = ROOT / "tools" / "gallery_template"
 TEMPLATE_NAME = "onemask"
 DEFAULT_PORT = 8866  # Voilà's own default; `make demo DEMO_PORT=...` changes it
-# lab extensions installed for JupyterLab that a Voilà page cannot (or need not) load
-EXTENSION_DENYLIST = ["jupyterlab-jupytext", "@voila-dashboards/jupyterlab-preview"]
+# The only lab extensions a gallery page loads: Voilà's widget manager (it keeps the one matching the
+# installed ipywidgets), JupyterLab's, and the two the figures render with. Voilà otherwise loads
+# every extension installed for JupyterLab, and some cannot run outside it (nbgrader's and
+# Notebook 7's fail on shared modules that only JupyterLab provides).
+EXTENSION_ALLOWLIST = ["@voila-dashboards/widgets-manager8", "@voila-dashboards/widgets-manager7",
+                       "@jupyter-widgets/jupyterlab-manager", "jupyterlab-plotly", "anywidget"]
 KEYS = ("Keys: <kbd>Tab</kbd> moves between controls, arrow keys move a focused slider, <kbd>N</kbd> / "
         "<kbd>P</kbd> go to the next / previous widget, <kbd>I</kbd> back to this index.")
 
@@ -122,7 +126,7 @@ def voila_command(out: Path, port: int, token: str) -> tuple[list[str], dict[str
     argv = [str(voila) if voila.exists() else "voila", str(out / "notebooks"), f"--template={TEMPLATE_NAME}",
             "--no-browser", "--Voila.ip=127.0.0.1", f"--port={port}", "--Voila.port_retries=0",
             f"--Voila.token={token}", "--show_tracebacks=True",
-            *(f"--VoilaConfiguration.extension_denylist={name}" for name in EXTENSION_DENYLIST)]
+            *(f"--VoilaConfiguration.extension_allowlist={name}" for name in EXTENSION_ALLOWLIST)]
     # the template is found through the Jupyter data path; keep whatever the caller had after it
     path = os.pathsep.join(p for p in (str(out / "share"), os.environ.get("JUPYTER_PATH", "")) if p)
     return argv, {**os.environ, "JUPYTER_PATH": path}
