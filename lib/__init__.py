@@ -9,7 +9,9 @@ adds the value scans (NaN, id ranges, mask rows) everywhere.
                      backend behind one door), rope, norms
     encoder          bert (the encoder, real all-MiniLM-L6-v2 weights, MLM corruption)
     encoder-decoder  encdec (BERT's layer, a causal decoder and cross-attention; == HF BART)
-    decoders         gpt (== Hugging Face GPT-2), mamba (selective SSM, mixer, LM), hybrid,
+    decoders         gpt (== Hugging Face GPT-2), llama (== HF Llama; grouped-query attention,
+                     RoPE, RMSNorm, SwiGLU) and smollm2 (the real SmolLM2-135M loaded into it, with
+                     quant, GGUF's Q4_1 and Q8_0 blocks), mamba (selective SSM, mixer, LM), hybrid,
                      moe (the layer) and moe_lm (a small MoE LM, its router experiment),
                      moe_parallel (experts over processes)
     decoding         decode (the Decoder protocol, one `generate`), sampling, kv_cache,
@@ -18,10 +20,12 @@ adds the value scans (NaN, id ranges, mask rows) everywhere.
     the scan         scan (contract, reference, chunked, doubling, fused, one `SCANS` table),
                      lti (a time-invariant SSM as a convolution), ssd (the selective SSM as a
                      masked attention), conv (the mixer's short convolution)
-    kernels          kernels.flash, kernels.scan (Triton), kernels.scan_cpu (C), kernels.runtime
+    kernels          kernels.flash, kernels.scan (Triton), kernels.scan_cpu (C), kernels.matvec
+                     (a decode step's products on a CPU), kernels.runtime
     training         train (the one loop, schedules, the LM recipe), tasks (synthetic tasks),
                      lora, corpus, training_cache (replaying a run made before)
-    measuring        bench (`python -m lib.bench.<name>`, one timer, machine records),
+    measuring        bench (`python -m lib.bench.<name>`, one timer, machine records), probes
+                     (attention sinks, previous-token and induction heads),
                      compare (lesson 08's models and judging), claims (the ledger), precision
     the course       doctor (capability check), course (the lesson map), hosted, toy,
                      exercises (checks with hints)

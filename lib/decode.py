@@ -1,7 +1,7 @@
 """Decoding: one protocol every course decoder follows, one `generate` that drives them all.
 
-A decoder (lib.gpt.GPT, lib.moe_lm.moe_gpt's GPT, lib.mamba.MambaLM, lib.hybrid.HybridGPT) is an
-nn.Module with
+A decoder (lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt's GPT, lib.mamba.MambaLM,
+lib.hybrid.HybridGPT) is an nn.Module with
 
     vocab_size, block_size                  the vocabulary; the context limit (None: no limit, a
                                             recurrent model)
@@ -121,7 +121,7 @@ def _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, gener
 def _require_decoder(model) -> None:
     if not (isinstance(model, nn.Module) and isinstance(model, Decoder)):
         raise TypeError("model must be a decoder (an nn.Module with vocab_size, block_size, new_caches and "
-                        "cache_bytes, whose forward takes caches and start): lib.gpt.GPT, lib.moe_lm.moe_gpt, "
+                        "cache_bytes, whose forward takes caches and start): lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt, "
                         f"lib.mamba.MambaLM or lib.hybrid.HybridGPT; got {type(model).__name__}")
 
 

@@ -4,6 +4,7 @@ Records, not tests: timings depend on the machine and on whatever else runs on i
 
     attention           naive vs SDPA vs our Triton flash kernel, by sequence length (lesson 05)
     kv_cache            generation with and without the KV cache (lesson 04)
+    decode              SmolLM2-135M decoding: ours against transformers', and against memory (lesson 04)
     ssm                 the selective scans against the per-step reference (lesson 06)
     selective_copying   lesson 06's two models over seeds, lengths and training lengths
     moe                 the MoE layer's two dispatches (lesson 07)
