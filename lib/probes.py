@@ -7,8 +7,8 @@ its attention there" and a head that spreads attention evenly over t + 1 causal 
 1/(t + 1).
 
     key_share(weights, key)         the mean weight each head puts on one key position, over the
-                                    queries after it: 0 for the first token's share is the
-                                    "attention sink" of Xiao et al. 2023 ("Efficient Streaming
+                                    queries after it (or all queries, for an encoder): key 0's
+                                    share is the "attention sink" of Xiao et al. 2023 ("Efficient Streaming
                                     Language Models with Attention Sinks", arXiv 2309.17453)
     previous_token_score(weights)   the mean weight on the key just before each query (t - 1)
     induction_score(weights, period)  on a random block of `period` tokens repeated, the mean
@@ -57,15 +57,21 @@ def _squeeze(score: torch.Tensor, weights) -> torch.Tensor:
     return score if isinstance(weights, (list, tuple)) else score[0]
 
 
-def key_share(weights, key: int = 0) -> torch.Tensor:
-    """Per layer and head, the weight the queries after position `key` put on it, averaged over
-    those queries and the batch -> (L, H), or (H,) for one tensor. The query at `key` itself is left
-    out: under a causal mask the first query has nothing else to look at."""
+def key_share(weights, key: int = 0, *, after_only: bool = True) -> torch.Tensor:
+    """Per layer and head, the weight queries put on key position `key` (negative counts from the
+    end: -1 is the last token), averaged over queries and the batch -> (L, H), or (H,) for one
+    tensor. With `after_only` (for a causal model) only the queries after `key` count: the query at
+    `key` itself has nothing else to look at when key = 0, and earlier ones cannot see it. Without
+    it (a bidirectional encoder) every query counts."""
     w = _stack(weights)
     T = w.shape[3]
-    require_int("key", key, minimum=0)
+    if isinstance(key, bool) or not isinstance(key, int) or not -T <= key < T:
+        raise ValueError(f"key must be an int position in [-T, T) = [{-T}, {T}), got {key!r}")
+    key = key % T
+    if not after_only:
+        return _squeeze(w[:, :, :, :, key].mean(dim=(1, 3)), weights)
     if key >= T - 1:
-        raise ValueError(f"key must leave at least one later query: key < T - 1 = {T - 1}, got {key}")
+        raise ValueError(f"after_only needs a later query: key < T - 1 = {T - 1}, got {key}")
     return _squeeze(w[:, :, :, key + 1:, key].mean(dim=(1, 3)), weights)
 
 

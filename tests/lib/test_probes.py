@@ -39,6 +39,15 @@ def test_an_even_causal_spread_scores_one_over_the_keys_seen():
     torch.testing.assert_close(previous_token_score(w), torch.tensor([expected], dtype=torch.float64))
 
 
+def test_an_encoder_share_counts_every_query_and_the_end_is_reachable():
+    T = 6
+    sep = pattern(T, lambda t: T - 1)  # every query on the last token, as BERT heads do on [SEP]
+    assert key_share(sep, key=-1, after_only=False).item() == 1.0
+    assert key_share(sep, key=0, after_only=False).item() == 0.0
+    half = pattern(T, lambda t: 0 if t % 2 else T - 1)
+    assert key_share(half, key=0, after_only=False).item() == 0.5
+
+
 def test_layers_and_heads_keep_their_places():
     T = 10
     layers = [torch.cat([pattern(T, lambda t: 0), pattern(T, lambda t: max(t - 1, 0))], dim=1),  # layer 0: 2 heads
@@ -64,6 +73,8 @@ def test_bad_weights_get_clear_errors():
         key_share(torch.rand(1, 2, 3, 5))
     with pytest.raises(ValueError, match="key < T - 1"):
         key_share(uniform_causal(4), key=3)
+    with pytest.raises(ValueError, match=r"key must be an int position in \[-4, 4\)"):
+        key_share(uniform_causal(4), key=4)
     with pytest.raises(ValueError, match="share one shape"):
         previous_token_score([uniform_causal(4), uniform_causal(5)])
     with pytest.raises(TypeError, match="floating dtype"):
