@@ -8,8 +8,9 @@ its attention there" and a head that spreads attention evenly over t + 1 causal 
 
     key_share(weights, key)         the mean weight each head puts on one key position, over the
                                     queries after it (or all queries, for an encoder): key 0's
-                                    share is the "attention sink" of Xiao et al. 2023 ("Efficient Streaming
-                                    Language Models with Attention Sinks", arXiv 2309.17453)
+                                    share is the "attention sink" of Xiao et al. 2023
+                                    ("Efficient Streaming Language Models with Attention
+                                    Sinks", arXiv 2309.17453)
     previous_token_score(weights)   the mean weight on the key just before each query (t - 1)
     induction_score(weights, period)  on a random block of `period` tokens repeated, the mean
                                     weight each query in the second copy puts on the token that

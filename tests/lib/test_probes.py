@@ -73,7 +73,7 @@ def test_bad_weights_get_clear_errors():
         key_share(torch.rand(1, 2, 3, 5))
     with pytest.raises(ValueError, match="key < T - 1"):
         key_share(uniform_causal(4), key=3)
-    with pytest.raises(ValueError, match=r"key must be an int position in \[-4, 4\)"):
+    with pytest.raises(ValueError, match=r"key must be an int position in \[-T, T\) = \[-4, 4\)"):
         key_share(uniform_causal(4), key=4)
     with pytest.raises(ValueError, match="share one shape"):
         previous_token_score([uniform_causal(4), uniform_causal(5)])
