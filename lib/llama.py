@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from lib._checks import require_attention_mask, require_int, require_targets, require_tensor, require_token_ids
 from lib.attention import BACKENDS, attention, attention_weights
-from lib.kernels.matvec import column_major, linear
+from lib.kernels.matvec import column_major, is_column_major, linear
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
 from lib.masks import padding_mask
 from lib.rope import LAYOUTS, apply_rope, rope_cos_sin
@@ -264,7 +264,7 @@ class Llama(nn.Module):
         """Store every weight matrix column by column (same shapes, same values): on a CPU a decode
         step then reads them about twice as fast (lib.kernels.matvec). Returns the model."""
         for p in self.parameters():
-            if p.dim() == 2:
+            if p.dim() == 2 and not is_column_major(p.data):
                 p.data = column_major(p.data)
         return self
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from lib.kernels.matvec import column_major
 from lib.llama import Llama, LlamaConfig
 
 __all__ = ["GGUF_NAME", "GGUF_SHA256", "ModelFileError", "PACKAGE", "cache_dir", "chat_ids", "encode", "gguf_path",
@@ -255,12 +256,16 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, attention_backend: str =
     except Exception as err:
         raise ModelFileError(f"the converted copy in {folder} is damaged ({type(err).__name__}: {err}): delete that "
                              "folder and it is made again from the GGUF file") from err
+    for name in list(state):  # one tensor at a time, so the file's float32 copy is freed as we go
+        t = state.pop(name)
+        # matrices stored by columns: faster decode steps on a CPU (lib.kernels.matvec), same values
+        state[name] = column_major(t, dtype) if t.dim() == 2 else t.to(dtype)
+        del t
     with torch.device("meta"):
         model = Llama(config)  # no random init: the weights are assigned, not copied
     model.load_checkpoint(state, assign=True)
     model.reset_rope()
-    model.store_by_columns()  # same weights, faster decode steps on a CPU (lib.kernels.matvec)
-    return model.to(dtype).eval(), tokenizer()
+    return model.eval(), tokenizer()
 
 
 @lru_cache(maxsize=1)

@@ -33,9 +33,11 @@ __all__ = ["MAX_SPLIT_ROWS", "column_major", "is_column_major", "linear", "linea
 MAX_SPLIT_ROWS = 8  # beyond a few rows the product is a matrix product, which the BLAS threads well itself
 
 
-def column_major(w: torch.Tensor) -> torch.Tensor:
-    """w (out, in) with the same values, stored column by column: w.t() is contiguous."""
-    return w.t().contiguous().t()
+def column_major(w: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """w (out, in) with the same values (cast to `dtype` if given), stored column by column:
+    w.t() is contiguous. One copy, made directly in that layout."""
+    out = torch.empty(w.shape[::-1], dtype=dtype or w.dtype, device=w.device).t()  # (in, out) storage
+    return out.copy_(w)
 
 
 def is_column_major(w: torch.Tensor) -> bool:
