@@ -30,7 +30,7 @@ import torch
 from lib.bench import BENCHMARKS, cpu_name, load_average, machine_record, today, torch_threads, write_record
 from lib.bench.timer import clock, seconds
 
-__all__ = ["decode_bytes_per_token", "hf_llama", "products_seconds", "read_bandwidth", "timed_generate"]
+__all__ = ["TEXT", "decode_bytes_per_token", "hf_llama", "products_seconds", "read_bandwidth", "timed_generate"]
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when a goldsmith in Mainz combined "
         "movable metal type, an oil-based ink and a screw press adapted from those used to make wine. Within fifty "
