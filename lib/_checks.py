@@ -167,3 +167,18 @@ def require_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor
     if not bool(keep[:, -1].all()):
         raise ValueError("attention_mask: every row needs at least one real token, at the last position")
     return keep
+
+
+def require_state_dict_fits(ours: dict, theirs: dict, config_name: str) -> None:
+    """A checkpoint's state dict (`theirs`, already renamed to the model's names) must have
+    exactly the model's keys (`ours`) with the same shapes; else a ValueError listing the
+    missing keys, the unexpected keys and the shape mismatches, naming the config class."""
+    missing = sorted(set(ours) - set(theirs))
+    unexpected = sorted(set(theirs) - set(ours))
+    mismatched = [f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(ours[k].shape)}"
+                  for k in sorted(set(ours) & set(theirs)) if theirs[k].shape != ours[k].shape]
+    if missing or unexpected or mismatched:
+        parts = [f"{what} ({len(items)}): {items[:6]}{' …' if len(items) > 6 else ''}"
+                 for what, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                                     ("shape mismatches", mismatched)) if items]
+        raise ValueError(f"the state dict does not fit this {config_name}: " + "; ".join(parts))

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_rank, require_tensor, require_token_ids
+from lib._checks import require_rank, require_state_dict_fits, require_tensor, require_token_ids
 from lib.attention import attention, attention_weights
 from lib.masks import padding_mask
 from lib.train import train, warmup_linear
@@ -240,20 +240,7 @@ class Bert(nn.Module):
             raise TypeError(f"state_dict must be a dict of tensors, got {type(state_dict).__name__}")
         ignorable = ("embeddings.position_ids", "pooler.")  # a buffer of 0..T-1, and the NSP pooler
         theirs = {k.removeprefix("bert."): v for k, v in state_dict.items() if not k.removeprefix("bert.").startswith(ignorable)}
-        ours = self.state_dict()
-        missing = sorted(set(ours) - set(theirs))
-        unexpected = sorted(set(theirs) - set(ours))
-        mismatched = [f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(ours[k].shape)}"
-                      for k in sorted(set(ours) & set(theirs)) if theirs[k].shape != ours[k].shape]
-        if missing or unexpected or mismatched:
-            parts = []
-            if missing:
-                parts.append(f"missing keys ({len(missing)}): {missing[:6]}{' …' if len(missing) > 6 else ''}")
-            if unexpected:
-                parts.append(f"unexpected keys ({len(unexpected)}): {unexpected[:6]}{' …' if len(unexpected) > 6 else ''}")
-            if mismatched:
-                parts.append(f"shape mismatches ({len(mismatched)}): {mismatched[:4]}{' …' if len(mismatched) > 4 else ''}")
-            raise ValueError("the state dict does not fit this BertConfig: " + "; ".join(parts))
+        require_state_dict_fits(self.state_dict(), theirs, "BertConfig")
         self.load_state_dict(theirs, strict=True)
 
     @classmethod

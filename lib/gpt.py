@@ -40,8 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import (require_attention_mask, require_int, require_rank, require_targets, require_tensor,
-                         require_token_ids)
+from lib._checks import (require_attention_mask, require_int, require_rank, require_state_dict_fits, require_targets,
+                         require_tensor, require_token_ids)
 from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
 from lib.masks import padding_mask
@@ -363,16 +363,7 @@ class GPT(nn.Module):
             theirs[key] = value.t() if key.endswith(self.CONV1D) else value
         if "transformer.wte.weight" in theirs:
             theirs.setdefault("lm_head.weight", theirs["transformer.wte.weight"])
-        ours = self.state_dict()
-        missing = sorted(set(ours) - set(theirs))
-        unexpected = sorted(set(theirs) - set(ours))
-        mismatched = [f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(ours[k].shape)}"
-                      for k in sorted(set(ours) & set(theirs)) if theirs[k].shape != ours[k].shape]
-        if missing or unexpected or mismatched:
-            parts = [f"{what} ({len(items)}): {items[:6]}{' …' if len(items) > 6 else ''}"
-                     for what, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                                         ("shape mismatches", mismatched)) if items]
-            raise ValueError("the state dict does not fit this GPTConfig: " + "; ".join(parts))
+        require_state_dict_fits(self.state_dict(), theirs, "GPTConfig")
         if not torch.equal(theirs["lm_head.weight"].cpu(), theirs["transformer.wte.weight"].cpu()):
             raise ValueError("lm_head.weight differs from transformer.wte.weight: this GPT ties them")
         self.load_state_dict(theirs, strict=True)

@@ -34,7 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_attention_mask, require_int, require_targets, require_tensor, require_token_ids
+from lib._checks import (require_attention_mask, require_int, require_state_dict_fits, require_targets,
+                         require_tensor, require_token_ids)
 from lib.attention import BACKENDS, attention, attention_weights
 from lib.kernels.matvec import column_major, is_column_major, linear
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
@@ -369,16 +370,7 @@ class Llama(nn.Module):
             if embed is not None and not torch.equal(head.cpu(), embed.cpu()):
                 raise ValueError("lm_head.weight differs from model.embed_tokens.weight: this checkpoint is untied; "
                                  "use LlamaConfig(tie_word_embeddings=False)")
-        ours = self.state_dict()
-        missing = sorted(set(ours) - set(theirs))
-        unexpected = sorted(set(theirs) - set(ours))
-        mismatched = [f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(ours[k].shape)}"
-                      for k in sorted(set(ours) & set(theirs)) if theirs[k].shape != ours[k].shape]
-        if missing or unexpected or mismatched:
-            parts = [f"{what} ({len(items)}): {items[:6]}{' …' if len(items) > 6 else ''}"
-                     for what, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                                         ("shape mismatches", mismatched)) if items]
-            raise ValueError("the state dict does not fit this LlamaConfig: " + "; ".join(parts))
+        require_state_dict_fits(self.state_dict(), theirs, "LlamaConfig")
         self.load_state_dict(theirs, strict=True, assign=assign)
 
     @classmethod
