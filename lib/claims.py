@@ -15,9 +15,11 @@ formats from them.
 Verdicts, each from the helper that decides it, never typed:
 
     reproduced_if(holds)                      "reproduced" or "contradicted": measured here
-    reproduced_if(holds, otherwise=SCALE)     ... or "not reproduced at this scale": the claim is about
-                                              models or runs larger than the course makes; the
-                                              evidence states the scale measured
+    reproduced_if(holds, otherwise=SCALE,     ... or "not reproduced at this scale": the claim is about
+                  decided_at="...")           models or runs larger than the course makes; the
+                                              evidence states the scale measured, and `decided_at`
+                                              the scale at which the claim would be decided (the
+                                              ledger appends it to the evidence)
     partly_reproduced_if(every, some)         "reproduced" when every part holds, "partly reproduced"
                                               when some do, else "contradicted": a range checked at
                                               both ends, or every point of a domain judged
@@ -55,14 +57,21 @@ _MARK = {"reproduced": "✔", "partly reproduced": "◐", "contradicted": "✘",
 
 
 class Verdict(str):
-    """A verdict as one of the helpers below decided it (a str subclass `claim` requires)."""
+    """A verdict as one of the helpers below decided it (a str subclass `claim` requires).
 
-    __slots__ = ()
+    `decided_at`: for SCALE, the scale at which the claim would be decided (None otherwise)."""
+
+    decided_at: str | None = None
 
 
-def _verdict(value: str) -> Verdict:
+def _verdict(value: str, decided_at: str | None = None) -> Verdict:
     assert value in VERDICTS, value
-    return Verdict(value)
+    made = Verdict(value)
+    made.decided_at = decided_at
+    return made
+
+_IN_EVIDENCE = ""  # decided_at of a verdict read back from a record: the evidence already says it
+_DECIDED_AT = "would be decided at: "
 
 # The claims the course must check, by id: a lesson that drops one fails tests/lib/test_claims.py.
 REQUIRED: tuple[str, ...] = (
@@ -119,8 +128,11 @@ class Claim:
             raise ValueError(f"a claim record has exactly the fields {fields}; missing {missing}, unexpected {extra}")
         if data["verdict"] not in VERDICTS:
             raise ValueError(f"claim verdict must be one of {VERDICTS}, got {data['verdict']!r}")
-        return claim(data["id"], data["statement"], source=data["source"], verdict=_verdict(data["verdict"]),
-                     evidence=data["evidence"])
+        if data["verdict"] == SCALE and _DECIDED_AT not in str(data["evidence"]):
+            raise ValueError(f"claim {data['id']!r}: a {SCALE!r} record's evidence must say the scale at which it "
+                             f"would be decided ('{_DECIDED_AT}...'), got {data['evidence']!r}")
+        return claim(data["id"], data["statement"], source=data["source"],
+                     verdict=_verdict(data["verdict"], _IN_EVIDENCE), evidence=data["evidence"])
 
     def __str__(self) -> str:
         return f"{_MARK[self.verdict]} [{self.verdict}] {self.id}: {self.statement} — {self.evidence} (source: {self.source})"
@@ -143,15 +155,21 @@ def claim(id: str, statement: str, *, source: str, verdict: str, evidence: str) 
     statement: the claim as its source states it. source: who states it (article, paper, lesson).
     verdict: what `reproduced_if`, `partly_reproduced_if`, `arithmetic_if`, `needs_gpu` or
       `not_measurable` returned for the measurement (a literal string is refused).
-    evidence: what was measured, formatted from the cell's values (never typed numbers).
+    evidence: what was measured, formatted from the cell's values (never typed numbers). For a
+      SCALE verdict, "; would be decided at: <decided_at>" is appended.
     """
     if not isinstance(id, str) or not _ID.match(id):
         raise ValueError(f"claim id must be lower-case kebab-case like 'kv-cache-7b-34gb', got {id!r}")
     if not isinstance(verdict, Verdict):
         raise TypeError(f"claim verdict must be decided by reproduced_if, partly_reproduced_if, arithmetic_if, "
                         f"needs_gpu or not_measurable from the measurement, not given as {verdict!r}")
-    made = Claim(id, _text("statement", statement), _text("source", source, max_len=200), verdict,
-                 _text("evidence", evidence))
+    evidence = _text("evidence", evidence)
+    if verdict == SCALE:
+        if verdict.decided_at is None:  # only reproduced_if(..., otherwise=SCALE, decided_at=...) makes SCALE
+            raise ValueError(f"claim {id!r}: a {SCALE!r} verdict needs the scale at which the claim would be decided")
+        if verdict.decided_at:
+            evidence = _text("evidence", f"{evidence}; {_DECIDED_AT}{verdict.decided_at}")
+    made = Claim(id, _text("statement", statement), _text("source", source, max_len=200), str(verdict), evidence)
     _REGISTERED[id] = made
     return made
 
@@ -192,13 +210,22 @@ def _condition(name: str, holds: Any) -> bool:
     return bool(holds)
 
 
-def reproduced_if(holds: Any, *, otherwise: str = "contradicted") -> Verdict:
+def reproduced_if(holds: Any, *, otherwise: str = "contradicted", decided_at: str | None = None) -> Verdict:
     """"reproduced" when the measured condition holds, else `otherwise`: "contradicted", or SCALE
     ("not reproduced at this scale") for a claim about models or runs larger than the course can
-    make (the evidence must then state the scale it measured)."""
+    make. SCALE is a promise: `decided_at` names the scale at which the claim would be decided
+    (model size, training length, sequence length, hardware), and the evidence states the scale
+    measured here."""
     if otherwise not in ("contradicted", SCALE):
         raise ValueError(f"otherwise must be 'contradicted' or '{SCALE}', got {otherwise!r}")
-    return _verdict("reproduced" if _condition("reproduced_if", holds) else otherwise)
+    if otherwise == SCALE:
+        if not isinstance(decided_at, str) or not decided_at.strip():
+            raise TypeError(f"reproduced_if(otherwise='{SCALE}') needs decided_at: the scale at which the claim "
+                            f"would be decided (a non-empty str), got {decided_at!r}")
+    elif decided_at is not None:
+        raise ValueError(f"decided_at goes with otherwise='{SCALE}' only, got otherwise={otherwise!r}")
+    return _verdict("reproduced" if _condition("reproduced_if", holds) else otherwise,
+                    decided_at if otherwise == SCALE else None)
 
 
 def partly_reproduced_if(every: Any, some: Any) -> Verdict:

@@ -54,7 +54,9 @@ def render(notebooks: list[Path]) -> str:
         "of its stated range or domain and not the rest; the evidence gives every measured point. "
         "*Not reproduced at this scale* means the measurement "
         "does not show the claim in the course's small models or short runs, which the evidence states, "
-        "while the claim is about larger ones. *Arithmetic* marks an identity the cell recomputes from "
+        "while the claim is about larger ones; it is a promise, not a verdict: the evidence ends with the "
+        "scale at which the claim would be decided (\"would be decided at: ...\"), a run the course "
+        "does not make. *Arithmetic* marks an identity the cell recomputes from "
         "published sizes (a product, not an observation). *Needs a GPU* means this machine cannot "
         "measure the claim; the evidence says what would. A verdict read from a committed benchmark "
         "record names the record and the machine it was measured on.",

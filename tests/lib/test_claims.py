@@ -28,8 +28,10 @@ def example(**changes) -> Claim:
 
 def test_claim_accepts_each_verdict_and_normalises_whitespace():
     for verdict in VERDICTS:
-        c = example(verdict=_verdict(verdict), evidence="two\n  lines")
-        assert c.verdict == verdict and c.evidence == "two lines"
+        made = _verdict(verdict, "a larger run" if verdict == SCALE else None)
+        c = example(verdict=made, evidence="two\n  lines")
+        assert c.verdict == verdict
+        assert c.evidence == ("two lines; would be decided at: a larger run" if verdict == SCALE else "two lines")
 
 
 @pytest.mark.parametrize("verdict", ["reproduced", "contradicted", "needs a GPU", "Reproduced", "ok", "", None, True])
@@ -74,8 +76,9 @@ def test_claim_rejects_empty_or_non_text_fields():
 
 def test_reproduced_if_decides_from_the_condition_and_refuses_non_conditions():
     assert reproduced_if(3 < 4) == "reproduced" and reproduced_if(0.5 > 1) == "contradicted"
-    scale = SCALE
-    assert reproduced_if(0.5 > 1, otherwise=scale) == scale and reproduced_if(3 < 4, otherwise=scale) == "reproduced"
+    scale, at = SCALE, "a 1B model trained 100k steps"
+    assert reproduced_if(0.5 > 1, otherwise=scale, decided_at=at) == scale
+    assert reproduced_if(3 < 4, otherwise=scale, decided_at=at) == "reproduced"
     with pytest.raises(ValueError, match="otherwise must be 'contradicted' or 'not reproduced at this scale'"):
         reproduced_if(True, otherwise="needs a GPU")  # a capability, not an outcome of the measurement
     import torch
@@ -84,6 +87,24 @@ def test_reproduced_if_decides_from_the_condition_and_refuses_non_conditions():
     for bad in (None, "yes"):
         with pytest.raises(TypeError, match="measured condition"):
             reproduced_if(bad)
+
+
+@pytest.mark.parametrize("decided_at", [None, "", "   ", 3])
+def test_not_reproduced_at_this_scale_must_name_the_scale_that_would_decide_it(decided_at):
+    with pytest.raises(TypeError, match="needs decided_at"):
+        reproduced_if(False, otherwise=SCALE, decided_at=decided_at)
+
+
+def test_the_deciding_scale_joins_the_evidence_and_survives_the_round_trip():
+    made = example(verdict=reproduced_if(False, otherwise=SCALE, decided_at="BERT-base, 12 layers"),
+                   evidence="64-wide models")
+    assert made.evidence == "64-wide models; would be decided at: BERT-base, 12 layers"
+    assert Claim.from_dict(made.to_dict()) == made
+    with pytest.raises(ValueError, match="goes with otherwise"):
+        reproduced_if(False, decided_at="BERT-base")  # contradicted needs no promise
+    record = {**made.to_dict(), "evidence": "64-wide models"}  # a record that promises nothing
+    with pytest.raises(ValueError, match="would be decided"):
+        Claim.from_dict(record)
 
 
 def test_display_bundle_is_readable_deterministic_and_round_trips():
