@@ -11,6 +11,8 @@ one block at a time as it grows, so the only waste is the unfilled tail of its l
 
     BlockAllocator, OutOfBlocks   a pool of physical block ids, lowest free id first
     PagedKVCache                  one layer's K/V blocks (N, H_kv, b, D) and a block table per sequence
+    PAD_BLOCK                     -1: what pads a shorter sequence's row of a batched block table (no
+                                  block has that id, so a padded entry can never be taken for a real one)
     paged_attention               attention over K/V gathered through block tables (the paper's §4.1
                                   kernel, here as gather + mask + lib.attention.attention)
     paged_attention_ref           the same per sequence on its own contiguous K/V: the truth
@@ -30,7 +32,9 @@ from lib._checks import require_int, require_rank, require_same, require_tensor
 from lib.attention import attention, attention_ref
 from lib.masks import additive_from_bool
 
-__all__ = ["BlockAllocator", "OutOfBlocks", "PagedKVCache", "paged_attention", "paged_attention_ref"]
+__all__ = ["PAD_BLOCK", "BlockAllocator", "OutOfBlocks", "PagedKVCache", "paged_attention", "paged_attention_ref"]
+
+PAD_BLOCK = -1  # pads block-table rows past a sequence's last block; physical ids are 0..N-1
 
 
 # --------------------------------------------------------------------------- blocks
@@ -148,11 +152,12 @@ class PagedKVCache:
         return [self._known(s) for s in seq_ids]
 
     def block_table(self, seq_ids) -> torch.Tensor:
-        """(B, M) int64 physical block ids, one row per sequence, padded with block 0 (the
-        padding is never read: paged_attention masks keys past each sequence's length)."""
+        """(B, M) int64 physical block ids, one row per sequence; a row shorter than the longest is
+        padded with PAD_BLOCK (-1), which is no block's id (paged_attention refuses it where the
+        sequence has tokens and masks every key past the sequence's length)."""
         ids = self._check_ids(seq_ids)
         M = max(len(self.tables[s]) for s in ids)
-        rows = [self.tables[s] + [0] * (M - len(self.tables[s])) for s in ids]
+        rows = [self.tables[s] + [PAD_BLOCK] * (M - len(self.tables[s])) for s in ids]
         return torch.tensor(rows, dtype=torch.long, device=self.k_blocks.device)
 
     def seq_lens(self, seq_ids) -> torch.Tensor:
@@ -204,13 +209,17 @@ def _check_paged(q, k_blocks, v_blocks, block_table, seq_lens) -> None:
     if block_table.shape[0] != B or seq_lens.shape[0] != B:
         raise ValueError(f"block_table (B, M) and seq_lens (B,) need B={B} rows (q's batch), "
                          f"got {tuple(block_table.shape)} and {tuple(seq_lens.shape)}")
-    if bool((block_table < 0).any()) or bool((block_table >= N).any()):
-        raise ValueError(f"block_table holds physical block ids, which must be in [0, N={N}); "
-                         f"got values in [{int(block_table.min())}, {int(block_table.max())}]")
     capacity = block_table.shape[1] * b
     if bool((seq_lens < T).any()) or bool((seq_lens > capacity).any()):
         raise ValueError(f"seq_lens must lie in [T={T}, M*b={capacity}] (the queries are each sequence's last T "
                          f"tokens; its table holds M={block_table.shape[1]} blocks of b={b}), got {seq_lens.tolist()}")
+    # A block holding some of the sequence's tokens must be a real id; past the last one, PAD_BLOCK may pad.
+    holds_tokens = torch.arange(block_table.shape[1], device=seq_lens.device)[None, :] * b < seq_lens[:, None]  # (B, M)
+    real = (block_table >= 0) & (block_table < N)
+    if not bool((real | (~holds_tokens & (block_table == PAD_BLOCK))).all()):
+        raise ValueError(f"block_table holds physical block ids, which must be in [0, N={N}) (PAD_BLOCK={PAD_BLOCK} "
+                         f"only after a sequence's last block); got values in "
+                         f"[{int(block_table.min())}, {int(block_table.max())}]")
 
 
 def paged_attention(q, k_blocks, v_blocks, block_table, seq_lens, *, scale: float | None = None,
@@ -219,7 +228,8 @@ def paged_attention(q, k_blocks, v_blocks, block_table, seq_lens, *, scale: floa
 
     q (B, H, T, D): the newest T tokens of each sequence (T = 1 for a decode step);
     k_blocks (N, H_kv, b, D), v_blocks (N, H_kv, b, D_v): the block pool;
-    block_table (B, M) int64: physical block of each sequence's logical block (padding: any id);
+    block_table (B, M) int64: physical block of each sequence's logical block; after a sequence's
+    last block, PAD_BLOCK (or any id: those keys are masked);
     seq_lens (B,) int64: tokens of each sequence, its queries included.
     Returns (B, H, T, D_v). Query i of sequence β sits at position seq_lens[β] - T + i and sees
     keys j <= that position (bottom-right causal alignment per sequence).
@@ -229,8 +239,9 @@ def paged_attention(q, k_blocks, v_blocks, block_table, seq_lens, *, scale: floa
     N, H_kv, b, _ = k_blocks.shape
     M = block_table.shape[1]
     S = M * b  # padded key length
-    k = k_blocks[block_table]  # (B, M) ids -> (B, M, H_kv, b, D)
-    v = v_blocks[block_table]  # (B, M, H_kv, b, D_v)
+    ids = block_table.clamp(min=0)  # PAD_BLOCK -> block 0: fetched, then masked out below with the stale slots
+    k = k_blocks[ids]  # (B, M) ids -> (B, M, H_kv, b, D)
+    v = v_blocks[ids]  # (B, M, H_kv, b, D_v)
     # Logical position m*b + offset: put heads first, then fuse (block, offset) into one key axis.
     k = k.permute(0, 2, 1, 3, 4).reshape(B, H_kv, S, D)  # (B, M, H_kv, b, D) -> (B, H_kv, M*b, D)
     v = v.permute(0, 2, 1, 3, 4).reshape(B, H_kv, S, v.shape[-1])  # -> (B, H_kv, M*b, D_v)

@@ -5,7 +5,7 @@ a block out twice. (The serving simulator is tests/lib/test_serving.py.)"""
 import pytest
 import torch
 
-from lib.paging import BlockAllocator, OutOfBlocks, PagedKVCache, paged_attention, paged_attention_ref
+from lib.paging import PAD_BLOCK, BlockAllocator, OutOfBlocks, PagedKVCache, paged_attention, paged_attention_ref
 
 
 def rand(*shape, seed=0):
@@ -85,7 +85,7 @@ def test_gather_returns_exactly_what_was_appended_across_mid_block_writes():
     assert cache.seq_lens(list(range(5))).tolist() == lengths
     table = cache.block_table([4, 0])
     assert table.dtype == torch.long and table.shape == (2, 4)
-    assert table[0].tolist() == cache.tables[4] and table[1].tolist() == cache.tables[0] + [0, 0, 0]
+    assert table[0].tolist() == cache.tables[4] and table[1].tolist() == cache.tables[0] + [PAD_BLOCK] * 3
 
 
 def test_freed_blocks_are_reused_and_other_sequences_are_untouched():
@@ -215,6 +215,25 @@ def test_keys_past_a_sequence_length_are_never_read():
         for backend in ("naive", "sdpa", "chunked"):
             assert torch.equal(paged_attention(q, poisoned_k, poisoned_v, table, seq_lens, backend=backend),
                                paged_attention(q, cache.k_blocks, cache.v_blocks, table, seq_lens, backend=backend))
+
+
+def test_a_padded_block_table_entry_is_no_block_id_and_only_pads():
+    """Block 0 is a real block (the lowest id, handed out first): padding with it would make a short
+    row look as if it owned block 0. PAD_BLOCK is outside [0, N) and allowed only after a
+    sequence's last block."""
+    q, cache, ks, vs, table, seq_lens = batch(1, [1, 4, 7, 8, 13])
+    N = cache.k_blocks.shape[0]
+    assert PAD_BLOCK not in range(N) and 0 in cache.tables[0] + cache.tables[1]
+    blocks_held = [len(cache.tables[i]) for i in range(5)]
+    for i, n in enumerate(blocks_held):
+        assert table[i, :n].tolist() == cache.tables[i] and (table[i, n:] == PAD_BLOCK).all()
+    assert (table == PAD_BLOCK).sum() == sum(max(blocks_held) - n for n in blocks_held) > 0
+    out = paged_attention(q, cache.k_blocks, cache.v_blocks, table, seq_lens)
+    torch.testing.assert_close(out, paged_attention_ref(q, ks, vs), atol=2e-6, rtol=0)  # fp32 reorderings
+    inside = table.clone()
+    inside[4, 0] = PAD_BLOCK  # sequence 4's first block holds tokens: a pad there is an error
+    with pytest.raises(ValueError, match="only after a sequence's last block"):
+        paged_attention(q, cache.k_blocks, cache.v_blocks, inside, seq_lens)
 
 
 def good_inputs():
