@@ -12,6 +12,8 @@
     accuracy_grid(models, tasks)          lib.tasks.task_accuracy per model and task
     forward_flops(model, T)               FLOPs of one forward over T tokens (torch's counter,
                                           plus the selective scan's elementwise work by formula)
+    attention_flop_split(model, T)        attention's T² products against the rest of its blocks
+    attention_crossover(model, ratio)     the shortest T at which those products reach ratio x the rest
     scaling_exponent(xs, ys)              the log-log slope between the last two points
     seed_range, beats, trained, judge_gap reading several seeds: a gap no seed closes, between
                                           models that learned the task
@@ -34,6 +36,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Callable
 
 import torch
@@ -48,7 +51,7 @@ from lib.mamba import MambaConfig, MambaLM, SelectiveSSM
 from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
 
 __all__ = ["ARCHITECTURES", "COPY_RECIPES", "RECALL_RECIPES", "SETTINGS", "SWEEPS", "MixedTask", "Recipe", "Setting",
-           "accuracy_grid", "active_parameters", "beats", "build_model", "build_models", "copy_task", "expert_scaling",
+           "accuracy_grid", "active_parameters", "attention_crossover", "attention_flop_split", "beats", "build_model", "build_models", "copy_task", "expert_scaling",
            "forward_flops", "get_setting", "judge_gap", "judge_state_sweep", "learned_runs", "parameter_table",
            "recall_task", "scaling_exponent", "seed_range", "train_all", "trained"]
 
@@ -383,6 +386,44 @@ def forward_flops(model: torch.nn.Module, T: int, batch: int = 1) -> int:
                     if isinstance(m, CausalSelfAttention) and m.backend in ("auto", "sdpa"))  # others: plain matmuls, counted
     scan = sum(8 * batch * T * m.A_log.shape[0] * m.A_log.shape[1] for m in model.modules() if isinstance(m, SelectiveSSM))
     return int(counter.get_total_flops()) - sdpa + attention + scan
+
+
+def attention_flop_split(model: torch.nn.Module, T: int, batch: int = 1) -> tuple[int, int]:
+    """(attention, rest): the FLOPs of one forward inside the model's attention blocks (each module
+    holding a CausalSelfAttention), split into attention's score and mix products, 4·B·T²·C per block
+    as `forward_flops` adds them (the full T x T square), and everything torch's counter counts in
+    those blocks besides: the Q, K, V and output projections and the MLP (or the router and experts).
+    Embeddings, the output head and any Mamba blocks are in neither."""
+    require_int("T", T, minimum=1)
+    require_int("batch", batch, minimum=1)
+    _vocab_size(model)
+    blocks = {name: [c for c in m.children() if isinstance(c, CausalSelfAttention)]
+              for name, m in model.named_modules()}
+    blocks = {name: attns for name, attns in blocks.items() if attns}
+    if not blocks:
+        raise ValueError(f"model has no attention block: {type(model).__name__}")
+    idx = torch.zeros(batch, T, dtype=torch.long)
+    with torch.no_grad(), _scans_out_of_sight(model), FlopCounterMode(display=False) as counter:
+        model(idx)
+    counts = counter.get_flop_counts()  # keyed "<model class>.<module path>"
+    root = type(model).__name__
+    rest = sum(n for name in blocks for op, n in counts.get(f"{root}.{name}", {}).items()
+               if "scaled_dot_product" not in str(op))
+    attention = sum(4 * batch * T * T * a.n_head * a.head_dim for attns in blocks.values() for a in attns)
+    return attention, rest
+
+
+def attention_crossover(model: torch.nn.Module, ratio: float = 1.0) -> int:
+    """The shortest sequence length T at which attention's T² products reach `ratio` times the rest
+    of the attention blocks' FLOPs (`attention_flop_split`). The products grow as T², the rest as T
+    (checked on the counter at two lengths), so T = ceil(ratio · rest(T₀) · T₀ / attention(T₀)): for
+    a GPT block with a 4C-wide MLP, 4T²C against 24TC², T = 6·ratio·C."""
+    ratio = Fraction(require_real("ratio", ratio, above=0))
+    T0 = 64
+    (a0, r0), (a1, r1) = attention_flop_split(model, T0), attention_flop_split(model, 2 * T0)
+    if a1 != 4 * a0 or r1 != 2 * r0:
+        raise ValueError(f"the attention blocks' FLOPs are not a·T² + b·T: {a0, r0} at T = {T0}, {a1, r1} at {2 * T0}")
+    return math.ceil(ratio * r0 * T0 / a0)
 
 
 @contextmanager
