@@ -11,6 +11,7 @@ renormalise; SwiGLU experts w1, w3, w2):
     experts      y_t = Σ_k g_tk · FFN_{e_tk}(x_t)        FFN_e: C -> F -> C, weights stacked over E
     capacity     each expert takes at most ceil(cf · N · K / E) assignments; the rest are dropped
     balance      aux = E · Σ_i f_i · P_i  (Switch)       z = mean_t logsumexp(logits_t)² (ST-MoE)
+                 each per layer, averaged over the L layers (f_i, P_i: layer l's own expert i)
 
 `MoE.dispatch` picks how the tokens reach their experts, with equal results (the tests assert it):
     "loop"       for each expert: find its tokens (torch.where over all assignments), gather them,
@@ -26,8 +27,9 @@ token order (row-major over B, T), as the Switch Transformer does; the ones past
 dropped, i.e. contribute 0 to that token's output: the token still passes through the block's
 residual connection. A token's K experts are distinct, so token order alone ranks an expert's queue.
 
-Also here: `load_balancing_loss` (equal to Hugging Face's Mixtral `load_balancing_loss_func`),
-`router_z_loss`, `expert_capacity`, `moe_param_counts` (active vs total parameters, FLOPs per
+Also here: `load_balancing_loss` (per layer, as Switch; `pooled=True` is Hugging Face's Mixtral
+`load_balancing_loss_func`, which pools all layers' tokens so that opposite imbalances in two
+layers cancel), `router_z_loss`, `expert_capacity`, `moe_param_counts` (active vs total parameters, FLOPs per
 token; `MIXTRAL_8X7B` holds that model's published config). A small MoE language model built
 from this layer, and its training experiment, are lib.moe_lm; expert parallelism is
 lib.moe_parallel.
@@ -344,36 +346,25 @@ def moe_ref(moe: MoE, x: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- balance losses
-def _as_logits(router_logits) -> torch.Tensor:
-    """A (N, E) tensor, (B, T, E), or a list/tuple of per-layer (N, E) tensors (concatenated)."""
-    if isinstance(router_logits, (list, tuple)):
-        if not router_logits:
-            raise ValueError("router_logits must hold at least one layer's (N, E) logits, got an empty sequence")
-        for i, t in enumerate(router_logits):
-            require_tensor(f"router_logits[{i}]", t, floating=True)
-        router_logits = torch.cat([t.reshape(-1, t.shape[-1]) for t in router_logits])
-    require_tensor("router_logits", router_logits, floating=True)
-    if router_logits.dim() not in (2, 3) or router_logits.numel() == 0:
-        raise ValueError(f"router_logits must have shape (N, E) or (B, T, E) and hold a token, "
-                         f"got {tuple(router_logits.shape)}")
-    return router_logits.reshape(-1, router_logits.shape[-1])
+def _as_layers(router_logits) -> list[torch.Tensor]:
+    """A (N, E) or (B, T, E) tensor (one layer), or a list/tuple of per-layer ones -> [(N, E), ...]."""
+    layers = list(router_logits) if isinstance(router_logits, (list, tuple)) else [router_logits]
+    if not layers:
+        raise ValueError("router_logits must hold at least one layer's (N, E) logits, got an empty sequence")
+    for i, t in enumerate(layers):
+        name = f"router_logits[{i}]" if isinstance(router_logits, (list, tuple)) else "router_logits"
+        require_tensor(name, t, floating=True)
+        if t.dim() not in (2, 3) or t.numel() == 0:
+            raise ValueError(f"{name} must have shape (N, E) or (B, T, E) and hold a token, got {tuple(t.shape)}")
+        if t.shape[-1] != layers[0].shape[-1]:
+            raise ValueError(f"every layer's router logits must have the same E={layers[0].shape[-1]}, "
+                             f"got {tuple(t.shape)} at {name}")
+    return [t.reshape(-1, t.shape[-1]) for t in layers]
 
 
-def load_balancing_loss(router_logits, top_k: int) -> torch.Tensor:
-    """The Switch Transformer's auxiliary loss E · Σ_i f_i · P_i (§2.2, eq. 4-6), for top-K routing.
-
-    f_i: the fraction of tokens that send one of their K assignments to expert i (each token's K
-    assignments counted, so Σ f_i = K); P_i: the mean router probability of expert i. f carries no
-    gradient (a count); the loss pushes the probabilities of over-used experts down. Equal to
-    Hugging Face's Mixtral `load_balancing_loss_func(gate_logits, E, K)`: at perfectly even
-    routing (f_i = K/E, P_i = 1/E) it is K, so with K = 1 it is the paper's 1. A list of per-layer
-    logits is treated as HF treats its tuple: all layers' tokens pooled.
-    """
-    logits = _as_logits(router_logits)  # (N, E)
+def _switch_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """E · Σ_i f_i · P_i over one set of tokens' logits (N, E)."""
     N, E = logits.shape
-    require_int("top_k", top_k, minimum=1)
-    if top_k > E:
-        raise ValueError(f"top_k must be <= the number of experts E={E}, got top_k={top_k}")
     probs = F.softmax(logits, dim=-1, dtype=_softmax_dtype(logits))  # (N, E)
     chosen = logits.topk(top_k, dim=-1).indices  # (N, K)
     f = torch.bincount(chosen.reshape(-1), minlength=E).to(probs.dtype) / N  # (E,), sums to K
@@ -381,11 +372,43 @@ def load_balancing_loss(router_logits, top_k: int) -> torch.Tensor:
     return E * (f * P).sum()
 
 
+def load_balancing_loss(router_logits, top_k: int, *, pooled: bool = False) -> torch.Tensor:
+    """The Switch Transformer's auxiliary loss E · Σ_i f_i · P_i (§2.2, eq. 4-6), for top-K routing,
+    computed for each MoE layer and averaged over the layers.
+
+    f_i: the fraction of a layer's tokens that send one of their K assignments to expert i (each
+    token's K assignments counted, so Σ f_i = K); P_i: the layer's mean router probability of
+    expert i. f carries no gradient (a count); the loss pushes the probabilities of over-used
+    experts down. At perfectly even routing (f_i = K/E, P_i = 1/E) it is K, so with K = 1 it is
+    the paper's 1. `router_logits`: one layer's (N, E) or (B, T, E), or a list/tuple of layers.
+
+    Per layer, as Switch adds one loss per Switch layer: expert i of layer 0 and expert i of layer 1
+    are different experts. `pooled=True` is Hugging Face's Mixtral `load_balancing_loss_func(
+    gate_logits, E, K)` instead (equal to it, tested): all layers' tokens concatenated into one f and
+    one P, so layer 0 over-using expert 0 and layer 1 over-using expert 1 average to a flat f and P
+    and read the even value K: pooling lets opposite imbalances in different layers cancel (raised
+    in transformers issues #28255 and #31464). For one layer the two are equal.
+    """
+    layers = _as_layers(router_logits)
+    E = layers[0].shape[-1]
+    require_int("top_k", top_k, minimum=1)
+    if top_k > E:
+        raise ValueError(f"top_k must be <= the number of experts E={E}, got top_k={top_k}")
+    if not isinstance(pooled, bool):
+        raise TypeError(f"pooled must be a bool, got {type(pooled).__name__}")
+    if pooled:
+        return _switch_loss(torch.cat(layers), top_k)  # (L·N, E): one f and one P for every layer
+    return torch.stack([_switch_loss(logits, top_k) for logits in layers]).mean()
+
+
 def router_z_loss(router_logits) -> torch.Tensor:
     """ST-MoE's router z-loss (§3.1, eq. 5): mean over tokens of logsumexp(logits)², which keeps
-    the router's logits small (bf16 round-off in the softmax grows with their size)."""
-    logits = _as_logits(router_logits)  # (N, E)
-    return torch.logsumexp(logits.to(_softmax_dtype(logits)), dim=-1).pow(2).mean()
+    the router's logits small (bf16 round-off in the softmax grows with their size). Per layer,
+    averaged over layers, as `load_balancing_loss`; a square is never negative, so nothing cancels
+    across layers, and when every layer routes the same tokens (as in one model) this equals the
+    mean over all layers' tokens pooled: the choice only weights layers of unequal token counts."""
+    return torch.stack([torch.logsumexp(logits.to(_softmax_dtype(logits)), dim=-1).pow(2).mean()
+                        for logits in _as_layers(router_logits)]).mean()
 
 
 # --------------------------------------------------------------------------- counting

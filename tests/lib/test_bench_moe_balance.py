@@ -1,4 +1,5 @@
-"""lib.bench.moe_balance: one run summarised at the lesson's length equals a run trained that long,
+"""lib.bench.moe_balance: one run summarised at the lesson's length (losses, per-layer f and P, drops
+at the capacity factor) equals a run trained that long,
 the collapse rule, the command's record, bad input."""
 
 import json
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 import lib.bench.moe_balance as mb
-from lib.bench.moe_balance import COLLAPSE_BUSIEST, collapsed, run, train_one
-from lib.moe_lm import train_moe_lm
+from lib.bench.moe_balance import CAPACITY_FACTOR, COLLAPSE_BUSIEST, collapsed, run, train_one
+from lib.moe_lm import drop_rate, train_moe_lm
 from lib.precision import default_dtype
 
 TINY = dict(n_layer=1, n_embd=16, n_head=2, d_ff=16, num_experts=4, batch_size=2, seq_len=8)
@@ -17,11 +18,22 @@ TINY = dict(n_layer=1, n_embd=16, n_head=2, d_ff=16, num_experts=4, batch_size=2
 def test_the_summary_at_the_lessons_length_is_that_of_a_run_trained_that_long():
     one = train_one(0.01, seed=1, steps=20, lesson_steps=10, **TINY)
     with default_dtype(torch.float64):
-        short = train_moe_lm(0.01, steps=10, seed=1, **TINY).summary()
-        full = train_moe_lm(0.01, steps=20, seed=1, **TINY).summary()
-    for key in ("main", "aux", "busiest", "busiest_prob", "dead"):
+        short_run = train_moe_lm(0.01, steps=10, seed=1, **TINY)
+        full_run = train_moe_lm(0.01, steps=20, seed=1, **TINY)
+        # the drop rate at the lesson's length is measured mid-training, on the model as it stood then
+        short_drops = drop_rate(short_run.model, short_run.data, CAPACITY_FACTOR, seq_len=8)
+        full_drops = drop_rate(full_run.model, full_run.data, CAPACITY_FACTOR, seq_len=8)
+    short, full = short_run.summary(), full_run.summary()
+    for key in ("main", "aux", "aux_per_layer", "aux_pooled", "busiest", "busiest_prob", "dead"):
         assert one["at_lesson_steps"][key] == round(short[key], 4)
         assert one["at_end"][key] == round(full[key], 4)
+    assert one["at_lesson_steps"]["drop_rate_at_capacity"] == round(short_drops, 6)
+    assert one["at_end"]["drop_rate_at_capacity"] == round(full_drops, 6)
+    # each layer's f and P, the last 10 steps averaged: one layer of 4 experts, shares summing to 1
+    for part in ("load", "prob"):
+        assert one["at_end"][part] == [[round(float(v), 4) for v in row]
+                                       for row in getattr(full_run, f"final_{part}")()]
+        assert len(one["at_end"][part]) == 1 and abs(sum(one["at_end"][part][0]) - 1) < 1e-3
     assert one["at_lesson_steps"] != one["at_end"]  # ten more steps moved the router
     assert one["curve_steps"] == [0, 10, 19] and len(one["busiest_curve"]) == len(one["busiest_prob_curve"]) == 3
     assert all(v >= 1.0 for v in one["busiest_curve"] + one["busiest_prob_curve"])  # max of E shares >= 1/E

@@ -1,5 +1,5 @@
 """lib.moe: the two dispatch paths agree with each other and with a dense reference (forward and
-gradients, with idle experts and with drops), the balance loss equals Hugging Face's, capacity
+gradients, with idle experts and with drops), the balance loss per layer (and, pooled, equal to Hugging Face's), capacity
 arithmetic and first-come-first-served dropping, gating variants, parameter counts, bad input."""
 
 import math
@@ -124,7 +124,7 @@ def test_matches_hugging_face_mixtral_sparse_moe_block():
 
 # --------------------------------------------------------------------------- losses
 @pytest.mark.parametrize("E,K", [(8, 2), (4, 1), (6, 3)])
-def test_load_balancing_loss_equals_hugging_face_mixtral(E, K):
+def test_pooled_load_balancing_loss_equals_hugging_face_mixtral(E, K):
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
     g = torch.Generator().manual_seed(E * 10 + K)
@@ -132,10 +132,42 @@ def test_load_balancing_loss_equals_hugging_face_mixtral(E, K):
     # fp32 sums of 40-120 probabilities in a different order: equal to ~1e-7 relative
     for logits in (layers[:1], layers):
         theirs = load_balancing_loss_func(logits, E, K)
-        torch.testing.assert_close(load_balancing_loss(list(logits), K), theirs, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(load_balancing_loss(list(logits), K, pooled=True), theirs, atol=1e-6, rtol=1e-6)
+    # one layer: per layer and pooled are the same loss
     torch.testing.assert_close(load_balancing_loss(layers[0], K), load_balancing_loss_func(layers[:1], E, K),
                                atol=1e-6, rtol=1e-6)
     assert load_balancing_loss(layers[0].view(4, 10, E), K) == load_balancing_loss(layers[0], K)
+
+
+def test_load_balancing_loss_is_the_mean_of_each_layers_switch_loss():
+    g = torch.Generator().manual_seed(0)
+    layers = [torch.randn(40, 8, generator=g) * 2 for _ in range(3)]
+    per_layer = [load_balancing_loss(t, 2) for t in layers]
+    torch.testing.assert_close(load_balancing_loss(layers, 2), torch.stack(per_layer).mean())
+    torch.testing.assert_close(load_balancing_loss(tuple(layers), 2), load_balancing_loss(layers, 2))
+
+
+def test_per_layer_loss_sees_opposite_imbalances_that_the_pooled_loss_cancels():
+    """Layer 0 over-uses expert 0 (and leaves expert 1 idle), layer 1 the mirror image: pooled, f and
+    P are flat and the loss reads the even value K with no gradient at all; per layer, each layer
+    reads its own excess, and the gradient lowers each layer's own favourite."""
+    E, K, N = 4, 1, 64
+    preferred = torch.arange(N) % E  # an even router: each expert first choice of N/E tokens
+    preferred[preferred == 1] = 0  # layer 0: expert 1's tokens go to expert 0 too
+    layer0 = torch.zeros(N, E)
+    layer0[torch.arange(N), preferred] = 4.0
+    layer1 = layer0[:, [1, 0, 2, 3]]  # the same router with experts 0 and 1 swapped
+    pooled = load_balancing_loss([layer0, layer1], K, pooled=True)
+    per_layer = load_balancing_loss([layer0, layer1], K)
+    assert math.isclose(pooled.item(), K, rel_tol=1e-6)  # blind: it reads perfectly even
+    assert per_layer.item() > 1.3 * K  # each layer sends half its tokens to one expert of 4
+    torch.testing.assert_close(per_layer, load_balancing_loss(layer0, K))
+    a, b = layer0.clone().requires_grad_(), layer1.clone().requires_grad_()
+    load_balancing_loss([a, b], K).backward()
+    assert float(a.grad[:, 0].sum()) > 0 and float(b.grad[:, 1].sum()) > 0  # descent lowers each favourite
+    a.grad = b.grad = None
+    load_balancing_loss([a, b], K, pooled=True).backward()  # pooled f flat: E·Σ f_i P_i ∝ Σ P_i = 1
+    assert float(a.grad.abs().max()) < 1e-7 and float(b.grad.abs().max()) < 1e-7
 
 
 def test_load_balancing_loss_is_k_when_routing_is_even_and_pushes_busy_experts_down():
@@ -159,6 +191,11 @@ def test_router_z_loss_is_mean_squared_logsumexp():
     assert math.isclose(router_z_loss(logits).item(), math.log(8) ** 2, rel_tol=1e-6)
     x = torch.randn(7, 4, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(router_z_loss(x), (torch.logsumexp(x, -1) ** 2).mean())
+    # per layer, averaged: with every layer routing the same number of tokens, the pooled mean
+    y = torch.randn(7, 4, generator=torch.Generator().manual_seed(1)) * 3
+    torch.testing.assert_close(router_z_loss([x, y]), (torch.logsumexp(torch.cat([x, y]), -1) ** 2).mean())
+    short = y[:3]  # unequal token counts: each layer weighs the same
+    torch.testing.assert_close(router_z_loss([x, short]), (router_z_loss(x) + router_z_loss(short)) / 2)
 
 
 # --------------------------------------------------------------------------- capacity
@@ -263,6 +300,12 @@ def test_bad_attribute_and_input_errors_name_the_argument():
         load_balancing_loss(torch.randn(5, 4), 5)
     with pytest.raises(ValueError, match="router_logits must have shape"):
         router_z_loss(torch.randn(5))
+    with pytest.raises(ValueError, match="at least one layer"):
+        load_balancing_loss([], 1)
+    with pytest.raises(ValueError, match="same E=4"):
+        load_balancing_loss([torch.randn(5, 4), torch.randn(5, 6)], 1)
+    with pytest.raises(TypeError, match="pooled must be a bool"):
+        load_balancing_loss(torch.randn(5, 4), 1, pooled="yes")
     with pytest.raises(ValueError, match="capacity_factor must be a finite number > 0"):
         expert_capacity(10, 4, 1, 0)
     with pytest.raises(ValueError, match="top_k must be <= num_experts"):

@@ -1,5 +1,6 @@
 """lib.moe_lm: the MoE language model keeps every layer's router logits and trains; its training
-experiment records load and router probability per step, reproducibly; moe_gpt refuses bad sizes
+experiment records each layer's load and router probability per step, reproducibly, trains on the
+per-layer balance loss (pooled on request) and counts drops at a capacity; moe_gpt refuses bad sizes
 before building anything."""
 
 import math
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from lib.gpt import GPTConfig
-from lib.moe import load_balancing_loss
-from lib.moe_lm import moe_gpt, router_logits_of, train_moe_lm
+from lib.moe import MoE, load_balancing_loss
+from lib.moe_lm import drop_rate, moe_gpt, router_logits_of, train_moe_lm
+from lib.train import get_batch
 
 
 def test_moe_gpt_keeps_router_logits_of_every_layer_and_trains():
@@ -70,3 +72,52 @@ def test_moe_gpt_keeps_each_parts_own_init():
         assert float(router.abs().max()) <= bound
         assert abs(float(router.std()) - bound / math.sqrt(3)) < 0.1 * bound / math.sqrt(3)
         assert abs(float(block.attn.c_attn.weight.detach().std()) - 0.02) < 0.002  # 24,576 draws of GPT-2's init
+
+
+def test_the_balance_loss_is_per_layer_by_default_and_pooled_on_request():
+    """Each step's aux loss is the mean over layers of E·Σ f_i P_i with each layer's own f and P;
+    the pooled form (recorded beside it, trained on with pooled_balance=True) uses the layers' mean
+    f and P. The imbalance measures are the worst layer's."""
+    kw = dict(steps=4, n_layer=2, n_embd=16, n_head=2, d_ff=16, num_experts=4, batch_size=2, seq_len=8)
+    a = train_moe_lm(1.0, **kw)
+    assert not a.pooled and a.load.shape == a.prob.shape == (4, 2, 4)
+    for s in range(4):
+        f, P = a.load[s] * 2, a.prob[s]  # (L, E) each; f sums to K = 2 per layer
+        per_layer = float((4 * (f * P).sum(-1)).mean())
+        pooled = float(4 * (f.mean(0) * P.mean(0)).sum())  # every layer routes the same N tokens
+        assert math.isclose(a.aux_loss[s], per_layer, rel_tol=1e-5) and a.aux_loss_per_layer[s] == a.aux_loss[s]
+        assert math.isclose(a.aux_loss_pooled[s], pooled, rel_tol=1e-5)
+    worst = (a.load.max(-1).values * 4).max(-1).values
+    assert a.imbalance == worst.tolist()
+    assert a.layer_imbalance.shape == (4, 2) and a.final_prob(2).shape == a.final_load(2).shape == (2, 4)
+    summary = a.summary(last=2)
+    assert summary["aux_pooled"] == sum(a.aux_loss_pooled[-2:]) / 2 and summary["drop_rate"] == 0.0
+    b = train_moe_lm(1.0, pooled_balance=True, **kw)
+    assert b.pooled and b.aux_loss == b.aux_loss_pooled and b.loss[0] == a.loss[0] and b.loss != a.loss
+    with pytest.raises(TypeError, match="pooled_balance must be a bool"):
+        train_moe_lm(1.0, pooled_balance="yes", **kw)
+
+
+def test_drop_rate_counts_dropped_assignments_on_fresh_batches_and_restores_the_capacity():
+    kw = dict(steps=3, n_layer=2, n_embd=16, n_head=2, d_ff=16, num_experts=4, batch_size=2, seq_len=8)
+    rec = train_moe_lm(0.0, **kw)
+    state = torch.random.get_rng_state()
+    rate = drop_rate(rec.model, rec.data, 1.0, batches=3, batch_size=4, seq_len=8)
+    assert torch.equal(torch.random.get_rng_state(), state)  # its own generator
+    layers = [m for m in rec.model.modules() if isinstance(m, MoE)]
+    assert all(layer.capacity_factor is None for layer in layers)
+    # by hand: the same batches, every layer's dropped over routed assignments
+    g = torch.Generator().manual_seed(123)
+    dropped = assigned = 0
+    for layer in layers:
+        layer.capacity_factor = 1.0
+    with torch.no_grad():
+        for _ in range(3):
+            rec.model(get_batch(rec.data, 4, 8, g)[0])
+            dropped += sum(layer.last_stats.dropped for layer in layers)
+            assigned += sum(layer.last_stats.assignments for layer in layers)
+    assert rate == dropped / assigned
+    assert drop_rate(rec.model, rec.data, 4.0, batches=2, batch_size=4, seq_len=8) == 0.0  # room for everything
+    with pytest.raises(ValueError, match="capacity_factor must be a finite number > 0"):
+        drop_rate(rec.model, rec.data, 0.0)
+    assert layers[0].capacity_factor == 1.0  # set back to what it was, even after a refusal
