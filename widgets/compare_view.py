@@ -6,8 +6,11 @@
                                       seeds, a bar from the lowest seed to the highest
 
 `results` maps a metric name (a key of METRICS) to {architecture: (xs, ys)}, numbers measured by
-lib.compare in the lesson. No model code here. Each architecture keeps one colour and one marker
-symbol in every view, so the lines are told apart without colour too.
+lib.compare (lesson 08 passes its committed record, `lib.bench.compare.explorer_results`). Each y
+is a number or a list of one number per seed: a line then runs through the mean, with a bar from
+the lowest seed to the highest. `overlay` (the same shape, one run) is drawn dotted beside it, each
+trace named with `label` and `overlay_label`. No model code here. Each architecture keeps one
+colour and one marker symbol in every view, so the lines are told apart without colour too.
 """
 
 from __future__ import annotations
@@ -42,17 +45,47 @@ def _check(results, metric: str):
         xs, ys = series
         if len(xs) != len(ys) or not xs:
             raise ValueError(f"results[{metric!r}][{name!r}] must be (xs, ys) of one non-zero length, got {len(xs)} and {len(ys)}")
+        for y in ys:
+            vs = list(y) if isinstance(y, (list, tuple)) else [y]
+            if not vs or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vs):
+                raise ValueError(f"results[{metric!r}][{name!r}] ys must be numbers or non-empty lists of numbers "
+                                 f"(one per seed), got {y!r}")
 
 
-def compare_figure(results: dict, metric: str = "recall") -> go.Figure:
-    """One metric, one line per architecture (values rounded to 4 significant digits)."""
+def _spread(ys) -> tuple[list[float], dict | None]:
+    """Each y's mean over its seeds, and plotly error bars from the lowest seed to the highest (None
+    where every y is a single number)."""
+    seeds = [list(y) if isinstance(y, (list, tuple)) else [y] for y in ys]
+    mean = [float(f"{sum(v) / len(v):.4g}") for v in seeds]
+    if all(len(v) == 1 for v in seeds):
+        return mean, None
+    return mean, dict(type="data", symmetric=False, array=[float(f"{max(v) - m:.4g}") for v, m in zip(seeds, mean)],
+                      arrayminus=[float(f"{m - min(v):.4g}") for v, m in zip(seeds, mean)])
+
+
+def compare_figure(results: dict, metric: str = "recall", *, overlay: dict | None = None, label: str | None = None,
+                   overlay_label: str = "this page's run") -> go.Figure:
+    """One metric, one line per architecture at the mean over its seeds, a bar from the lowest seed
+    to the highest (values rounded to 4 significant digits); `overlay`'s lines dotted beside them,
+    where it measured the metric. Trace names: the architecture, then `label` or `overlay_label` in
+    brackets (the architecture alone where `label` is None)."""
     _check(results, metric)
     title, x_title, y_title, x_log, y_log = METRICS[metric]
     fig = go.Figure()
     for i, (name, (xs, ys)) in enumerate(results[metric].items()):
-        fig.add_scatter(x=list(xs), y=[float(f"{y:.4g}") for y in ys], name=name, mode="lines+markers",
-                        line=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
-                        marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=9))
+        mean, bars = _spread(ys)
+        fig.add_scatter(x=list(xs), y=mean, name=name if label is None else f"{name} ({label})",
+                        mode="lines+markers", line=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
+                        marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=9), error_y=bars, legendgroup=name)
+    if overlay is not None and metric in overlay:
+        _check(overlay, metric)
+        colour = {name: OKABE_ITO[i % len(OKABE_ITO)] for i, name in enumerate(results[metric])}
+        for i, (name, (xs, ys)) in enumerate(overlay[metric].items()):
+            mean, bars = _spread(ys)
+            fig.add_scatter(x=list(xs), y=mean, name=f"{name} ({overlay_label})", mode="lines+markers",
+                            line=dict(color=colour.get(name, OKABE_ITO[i % len(OKABE_ITO)]), dash="dot", width=1.5),
+                            marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=6, opacity=0.6), error_y=bars,
+                            legendgroup=name)
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=420,
                       xaxis_type="log" if x_log else "linear", yaxis_type="log" if y_log else "linear",
                       legend_title_text="architecture")
@@ -64,16 +97,21 @@ def compare_figure(results: dict, metric: str = "recall") -> go.Figure:
 class CompareView:
     """Live face: a menu of the measured metrics above the figure, redrawn in place."""
 
-    def __init__(self, results: dict, metric: str | None = None):
+    def __init__(self, results: dict, metric: str | None = None, *, overlay: dict | None = None,
+                 label: str | None = None, overlay_label: str = "this page's run"):
         import ipywidgets as W
 
         if metric is None and isinstance(results, dict) and results:
             metric = next(iter(results))  # the first measured metric
         _check(results, metric)
-        self.results = results
+        if overlay is not None:
+            for m in overlay:
+                _check(overlay, m)
+        self.results, self.overlay = results, overlay
+        self._labels = dict(label=label, overlay_label=overlay_label)
         self.menu = W.Dropdown(options=[(METRICS[m][0], m) for m in results], value=metric, description="measurement",
                                style={"description_width": "initial"}, layout=W.Layout(width="640px"))
-        self.figure = go.FigureWidget(compare_figure(results, metric).update_layout(width=900))
+        self.figure = go.FigureWidget(self._figure(metric))
         self.menu.observe(self._on_change, names="value")
         self.controls = {"metric": self.menu}
         self.widget = W.VBox([self.menu, self.figure])
@@ -83,7 +121,10 @@ class CompareView:
         if name != "metric":
             raise ValueError(f"name must be 'metric' (the measurement menu), got {name!r}")
         _check(self.results, value)
-        return compare_figure(self.results, value).update_layout(width=900)
+        return self._figure(value)
+
+    def _figure(self, metric: str) -> go.Figure:
+        return compare_figure(self.results, metric, overlay=self.overlay, **self._labels).update_layout(width=900)
 
     def _on_change(self, change) -> None:
         redraw(self.figure, self.figure_for("metric", change["new"]))

@@ -36,7 +36,7 @@ from lib.compare import (ARCHITECTURES, DECODE_TOKENS, SETTINGS, SWEEPS, MixedTa
 from lib.decode import decode_state_bytes
 from lib.precision import default_dtype
 
-__all__ = ["decode_seconds_per_token", "decode_time_ratio", "load_results", "main", "run", "state_label",
+__all__ = ["decode_seconds_per_token", "decode_time_ratio", "explorer_results", "load_results", "main", "run", "state_label",
            "state_sweep"]
 
 
@@ -219,6 +219,18 @@ def load_results(setting: str = "full") -> dict | None:
     """The committed record of `python -m lib.bench.compare --setting <setting>`, or None if absent."""
     get_setting(setting)
     return load_record(f"compare_{setting}")
+
+
+def explorer_results(record: dict) -> dict:
+    """What lesson 08's explorer (`widgets.CompareView`) draws from a record of `run`: {metric:
+    {architecture: (xs, ys)}}, the accuracies with one value per seed at each P or T (the explorer
+    draws their mean and the lowest-highest range), FLOPs and decoding-state bytes as counted."""
+    s = record["setting"]
+    out = {task: {name: ([int(k) for k in row], [list(v) for v in row.values()])
+                  for name, row in record[f"{task}_accuracy"].items()} for task in ("recall", "copy")}
+    out["flops"] = {name: (list(s["flop_lengths"]), list(f)) for name, f in record["flops"].items()}
+    out["memory"] = {name: (list(s["memory_contexts"]), list(b)) for name, b in record["state_bytes"].items()}
+    return out
 
 
 def main(argv=None) -> list[Path]:

@@ -63,3 +63,28 @@ def test_seed_range_figure_refuses_what_it_cannot_draw():
         seed_range_figure({"a": {"four": 0.5}}, title="t", x_title="P")
     with pytest.raises(ValueError, match="must be a non-empty dict"):
         seed_range_figure({"a": [0.5]}, title="t", x_title="P")
+
+
+SEEDS = {"recall": {"GPT": ([4, 16], [[1.0, 1.0, 1.0], [0.7, 0.5, 0.6]]), "Hybrid": ([4, 16], [[1.0, 0.9, 1.0], [0.9, 1.0, 0.8]])}}
+LIVE = {"recall": {"GPT": ([4, 16], [0.3, 0.2]), "Hybrid": ([4, 16], [0.1, 0.07])}}
+
+
+def test_several_seeds_draw_the_mean_with_a_bar_from_the_lowest_to_the_highest():
+    gpt, hybrid = compare_figure(SEEDS, "recall").data
+    assert list(gpt.y) == pytest.approx([1.0, 0.6]) and list(hybrid.y) == pytest.approx([29 / 30, 0.9], rel=1e-3)  # to 4 digits
+    assert list(gpt.error_y.array) == pytest.approx([0.0, 0.1]) and list(gpt.error_y.arrayminus) == pytest.approx([0.0, 0.1])
+    assert compare_figure(RESULTS, "recall").data[0].error_y.array is None  # one run: no bar
+    with pytest.raises(ValueError, match="non-empty lists of numbers"):
+        compare_figure({"recall": {"GPT": ([4], [[]])}}, "recall")
+
+
+def test_an_overlay_is_drawn_dotted_and_labelled_beside_the_record():
+    view = CompareView(SEEDS, overlay=LIVE, label="record", overlay_label="this page's run")
+    names = [t.name for t in view.figure.data]
+    assert names == ["GPT (record)", "Hybrid (record)", "GPT (this page's run)", "Hybrid (this page's run)"]
+    record, live = view.figure.data[0], view.figure.data[2]
+    assert list(record.y) == pytest.approx([1.0, 0.6]) and list(live.y) == pytest.approx([0.3, 0.2])
+    assert live.line.dash == "dot" and live.line.color == record.line.color and record.line.dash is None
+    # a metric the overlay did not measure: the record alone
+    only = compare_figure(dict(SEEDS, copy=RESULTS["copy"]), "copy", overlay=LIVE, label="record")
+    assert [t.name for t in only.data] == ["GPT (record)", "Mamba (record)"]
