@@ -28,7 +28,7 @@ from lib._checks import require_int
 from lib.bench import (BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, today, torch_threads,
                        write_record)
 
-__all__ = ["ALPHAS", "CAPACITY_FACTOR", "COLLAPSE_BUSIEST", "CURVE_EVERY", "LESSON_STEPS", "SEEDS", "STEPS",
+__all__ = ["ALPHAS", "CAPACITY_FACTOR", "COLLAPSE_BUSIEST", "CURVE_EVERY", "LESSON_STEPS", "POOLED_ALPHAS", "SEEDS", "STEPS",
            "collapsed", "run", "train_one"]
 
 ALPHAS = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -36,6 +36,7 @@ LESSON_STEPS = 150  # lesson 07's default run
 STEPS = 500  # the article's "within 500 steps"
 SEEDS = (0, 1, 2, 3, 4)
 CURVE_EVERY = 10
+POOLED_ALPHAS = (1e-2, 1.0)  # also trained on Hugging Face's pooled balance loss, to set beside the per-layer runs
 CAPACITY_FACTOR = 1.25  # the article's "α = 0.01 with capacity factor 1.25 drops < 0.1% of tokens"
 # Collapse, as lesson 07 judges it: an expert left with no tokens, or one expert taking 3x its even
 # share in some layer (with top-2 of 8 experts, 37.5% of the assignments: 3 experts' worth).
@@ -73,7 +74,7 @@ def train_one(alpha: float, seed: int, steps: int = STEPS, *, lesson_steps: int 
     def per_layer(r):
         return {"load": _rounded_rows(r.final_load()), "prob": _rounded_rows(r.final_prob())}
     xs = list(range(0, steps, CURVE_EVERY)) + ([steps - 1] if (steps - 1) % CURVE_EVERY else [])
-    return {"alpha": float(alpha), "seed": seed, "steps": steps,
+    return {"alpha": float(alpha), "seed": seed, "steps": steps, "pooled": rec.pooled,
             "at_lesson_steps": {**_rounded(at_lesson), "collapsed": collapsed(at_lesson),
                                 "drop_rate_at_capacity": round(drops["at_lesson_steps"], 6), **per_layer(short)},
             "at_end": {**_rounded(end), "collapsed": collapsed(end),
@@ -103,27 +104,32 @@ def _rounded_rows(t: torch.Tensor) -> list[list[float]]:
     return [[round(float(v), 4) for v in row] for row in t]
 
 
-def run(alphas=ALPHAS, seeds=SEEDS, steps: int = STEPS, *, threads: int | None = 1, progress=print,
-        **kwargs) -> dict:
-    """Every (α, seed) run, as a JSON-able record with the machine. `kwargs` go to train_moe_lm
-    (the tests shrink the model; the record uses the lesson's defaults)."""
+def run(alphas=ALPHAS, seeds=SEEDS, steps: int = STEPS, *, pooled_alphas=POOLED_ALPHAS, threads: int | None = 1,
+        progress=print, **kwargs) -> dict:
+    """Every (α, seed) run, as a JSON-able record with the machine; and for each α in `pooled_alphas`
+    and each seed, the same run trained on the pooled balance loss ("pooled_results"). `kwargs` go to
+    train_moe_lm (the tests shrink the model; the record uses the lesson's defaults)."""
     alphas, seeds = tuple(alphas), tuple(seeds)
     if not alphas or not seeds:
         raise ValueError(f"alphas and seeds must each name at least one value, got {alphas} and {seeds}")
     for s in seeds:
         require_int("seed", s, minimum=0)
-    results = []
+    pooled_alphas = tuple(pooled_alphas)
+    results, pooled_results = [], []
     with torch_threads(threads) as used:  # the lesson's tiny matrices: one thread
         load = load_average()
         for seed in seeds:
-            for alpha in alphas:
-                results.append(train_one(alpha, seed, steps, lesson_steps=min(LESSON_STEPS, steps), **kwargs))
+            for alpha, pooled in [(a, False) for a in alphas] + [(a, True) for a in pooled_alphas]:
+                out = pooled_results if pooled else results
+                out.append(train_one(alpha, seed, steps, lesson_steps=min(LESSON_STEPS, steps),
+                                     pooled_balance=pooled, **kwargs))
                 load += load_average()
                 if progress:
-                    end = results[-1]["at_end"]
-                    progress(f"α = {alpha:g}, seed {seed}: busiest f {end['busiest']:.2f}x even, largest P "
-                             f"{end['busiest_prob']:.2f}x, dead {end['dead']:.1f}, drops at C = {CAPACITY_FACTOR} "
-                             f"{end['drop_rate_at_capacity']:.2%} ({results[-1]['seconds']:.0f} s)")
+                    end = out[-1]["at_end"]
+                    progress(f"α = {alpha:g}{' (pooled)' if pooled else ''}, seed {seed}: busiest f "
+                             f"{end['busiest']:.2f}x even, largest P {end['busiest_prob']:.2f}x, dead "
+                             f"{end['dead']:.1f}, drops at C = {CAPACITY_FACTOR} "
+                             f"{end['drop_rate_at_capacity']:.2%} ({out[-1]['seconds']:.0f} s)")
     return {
         "benchmark": "router balance of lesson 07's MoE language models over α and seeds (lib.moe_lm.train_moe_lm, "
                      "float64, the Switch balance loss per layer): the last 10 steps averaged at the lesson's "
@@ -142,6 +148,8 @@ def run(alphas=ALPHAS, seeds=SEEDS, steps: int = STEPS, *, threads: int | None =
         "lesson_steps": min(LESSON_STEPS, steps),
         "collapse": f"dead experts > 0 or busiest >= {COLLAPSE_BUSIEST}x the even share",
         "results": results,
+        "pooled_alphas": list(pooled_alphas),
+        "pooled_results": pooled_results,
         "machine": machine_record(cpu_name(), used, load, "load_average_1min_at_start_and_after_each_run"),
         "busy_machine": busy_machine(load),
         "date": today(),
@@ -160,7 +168,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    record = run(ALPHAS, args.seeds, args.steps, threads=args.threads)
+    record = run(ALPHAS, args.seeds, args.steps, pooled_alphas=POOLED_ALPHAS, threads=args.threads)
     out = args.out or BENCHMARKS / "moe_balance_cpu.json"
     write_record(record, out)
     print(f"wrote {out}")

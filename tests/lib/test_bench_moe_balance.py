@@ -50,11 +50,17 @@ def test_collapse_is_a_dead_expert_or_one_expert_at_three_even_shares():
 
 def test_the_command_writes_a_record(tmp_path, monkeypatch):
     lines = []
-    record = run((0.0, 1.0), (0,), 12, threads=1, progress=lines.append, **TINY)
-    assert [(r["alpha"], r["seed"]) for r in record["results"]] == [(0.0, 0), (1.0, 0)] and len(lines) == 2
+    record = run((0.0, 1.0), (0,), 12, pooled_alphas=(1.0,), threads=1, progress=lines.append, **TINY)
+    assert [(r["alpha"], r["seed"]) for r in record["results"]] == [(0.0, 0), (1.0, 0)] and len(lines) == 3
+    assert not any(r["pooled"] for r in record["results"])
+    pooled = record["pooled_results"]  # the same α = 1 run, trained on the pooled loss
+    assert [(r["alpha"], r["seed"], r["pooled"]) for r in pooled] == [(1.0, 0, True)]
+    # one layer: the pooled loss is the per-layer one, and so is the run
+    assert pooled[0]["at_end"] == record["results"][1]["at_end"]
     assert record["steps"] == 12 and record["lesson_steps"] == 12 and record["machine"]["torch_threads"] == 1
     assert record["generated_by"] == "python -m lib.bench.moe_balance"
     monkeypatch.setattr(mb, "ALPHAS", (0.01,))
+    monkeypatch.setattr(mb, "POOLED_ALPHAS", ())
     monkeypatch.setattr(mb, "train_one", lambda alpha, seed, steps, **kw: {"alpha": alpha, "seed": seed,
                                                                             "at_end": record["results"][0]["at_end"],
                                                                             "seconds": 0.0})
