@@ -397,17 +397,37 @@ def predict_masked(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: to
     return top.indices, top.values
 
 
-def init_gradient_norms(config: BertConfig, *, batch: int = 8, T: int = 32, seed: int = 0) -> list[float]:
-    """Gradient norm of each layer's parameters at initialisation, for one MLM-style loss.
+INIT_SCHEMES = ("bert", "xavier")
+GRADIENT_PARTS = ("layer", "ffn_w2")
 
-    Xiong et al. 2020 (arXiv 2002.04745) show that Post-LN's gradients at initialisation grow
-    toward the last layers (hence the warm-up BERT needs) while Pre-LN's stay level.
+
+def init_gradient_norms(config: BertConfig, *, batch: int = 8, T: int = 32, seed: int = 0, init: str = "bert",
+                        part: str = "layer") -> list[float]:
+    """Gradient norm per encoder layer at initialisation, for one MLM-style loss (random tokens).
+
+    init: "bert" (N(0, 0.02), the model's own) or "xavier" (Xavier-uniform linear weights, zero
+      biases: the original Transformer's, which Xiong et al. 2020 analyse).
+    part: "layer" (all of a layer's parameters) or "ffn_w2" (the feed-forward's output matrix W²,
+      the weight whose gradient Xiong et al. 2020, arXiv 2002.04745, Theorem 1, bound for the last
+      layer: larger for Post-LN than for Pre-LN, hence BERT's warm-up).
     """
+    if init not in INIT_SCHEMES:
+        raise ValueError(f"init must be one of {INIT_SCHEMES}, got {init!r}")
+    if part not in GRADIENT_PARTS:
+        raise ValueError(f"part must be one of {GRADIENT_PARTS}, got {part!r}")
     torch.manual_seed(seed)
     model = BertForMaskedLM(config).train()
+    if init == "xavier":
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, config.vocab_size, (batch, T), generator=g)
     labels = torch.randint(5, config.vocab_size, (batch, T), generator=g)
     _, loss = model(ids, labels=labels)
     loss.backward()
-    return [torch.sqrt(sum((p.grad ** 2).sum() for p in layer.parameters())).item() for layer in model.bert.encoder.layer]
+    layers = model.bert.encoder.layer
+    if part == "ffn_w2":
+        return [layer.output.dense.weight.grad.norm().item() for layer in layers]
+    return [torch.sqrt(sum((p.grad ** 2).sum() for p in layer.parameters())).item() for layer in layers]

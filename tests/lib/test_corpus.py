@@ -114,3 +114,36 @@ def test_init_gradient_norms_are_each_layers_gradient_norm_from_an_explicit_back
         i += len(ps)
     assert norms == pytest.approx(want, rel=1e-5)
     assert len(set(round(n, 6) for n in norms)) == 3  # three different layers, so order and identity matter
+
+
+@pytest.mark.parametrize("init", ["bert", "xavier"])
+def test_init_gradient_norms_of_the_ffn_output_matrix_are_its_gradient_under_that_init(init):
+    """part="ffn_w2" is each layer's W² (output.dense.weight) gradient norm, from an explicit rebuild:
+    Xavier-uniform weights (bound sqrt(6 / (fan_in + fan_out))) and zero biases, or BERT's own."""
+    config = BertConfig.tiny(num_hidden_layers=3)
+    norms = init_gradient_norms(config, batch=4, T=8, seed=5, init=init, part="ffn_w2")
+    torch.manual_seed(5)
+    model = BertForMaskedLM(config).train()
+    if init == "xavier":
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                bound = (6 / (m.in_features + m.out_features)) ** 0.5
+                torch.nn.init.uniform_(m.weight, -bound, bound)
+                torch.nn.init.zeros_(m.bias)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, config.vocab_size, (4, 8), generator=g)
+    labels = torch.randint(5, config.vocab_size, (4, 8), generator=g)
+    _, loss = model(ids, labels=labels)
+    w2 = [layer.output.dense.weight for layer in model.bert.encoder.layer]
+    want = [gr.norm().item() for gr in torch.autograd.grad(loss, w2)]
+    assert norms == pytest.approx(want, rel=1e-5)  # fp32, same ops in the same order
+    other = init_gradient_norms(config, batch=4, T=8, seed=5, init="bert" if init == "xavier" else "xavier",
+                                part="ffn_w2")
+    assert other != pytest.approx(norms, rel=1e-2)  # the init matters
+
+
+@pytest.mark.parametrize("kwargs, words", [({"init": "he"}, "init must be one of"),
+                                           ({"part": "attention"}, "part must be one of")])
+def test_init_gradient_norms_names_a_bad_choice(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        init_gradient_norms(BertConfig.tiny(), **kwargs)
