@@ -17,6 +17,11 @@ DEMO_PORT ?= 8866
 # Only for a fresh .venv (`make clean-venv` first); the default takes everything from PyPI.
 TORCH ?=
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# The hub image keeps the course outside $HOME: Zero to JupyterHub mounts each student's volume
+# there (binder/start copies the lessons into it), as jovyan (uid 1000), the user the chart expects.
+# tests/project/test_binder.py builds this recipe.
+HUB_IMAGE ?= one-mask:latest
+HUB_REPO_DIR ?= /srv/repo
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONHASHSEED := 0
 
@@ -29,6 +34,7 @@ help:
 	@echo "make book       build the Jupyter Book into book/_build/html"
 	@echo "make notebooks  re-execute lessons/*.md into their .ipynb, then regenerate the exercises"
 	@echo "make lock       rewrite requirements.lock, requirements-dev.lock and environment.yml from pyproject.toml"
+	@echo "make hub-image  build the hub's image with repo2docker (HUB_IMAGE=REGISTRY/one-mask:TAG; the course in $(HUB_REPO_DIR))"
 	@echo "TORCH=cpu       (with lab, demo or test, on a fresh .venv) torch's CPU build instead of PyPI's CUDA build on Linux"
 
 # Python 3.11 (from 3.11.0) to 3.13, said plainly before pip is asked anything.
@@ -147,6 +153,11 @@ clean:
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Needs repo2docker (in the test toolchain) and Docker; push the image where the hub can pull it.
+.PHONY: hub-image
+hub-image: $(STAMP)
+	$(BIN)/repo2docker --target-repo-dir $(HUB_REPO_DIR) --user-id 1000 --user-name jovyan --no-run --image-name $(HUB_IMAGE) .
 
 # The hosted path (Colab, Kaggle, a JupyterHub), end to end, outside `make test` (about 20 minutes):
 # a fresh venv with torch 2.14.1 gets the course through the lessons' setup cell, then runs every lesson.
