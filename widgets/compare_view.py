@@ -127,7 +127,15 @@ class CompareView:
         return compare_figure(self.results, metric, overlay=self.overlay, **self._labels).update_layout(width=900)
 
     def _on_change(self, change) -> None:
-        redraw(self.figure, self.figure_for("metric", change["new"]))
+        new = self.figure_for("metric", change["new"])
+        if len(new.data) == len(self.figure.data):
+            redraw(self.figure, new)
+            return
+        # an overlay covers some metrics only: the number of traces changes, so replace them
+        with self.figure.batch_update():
+            self.figure.data = ()
+            self.figure.add_traces(list(new.data))
+            self.figure.layout.update(new.layout.to_plotly_json(), overwrite=True)
 
     def _repr_mimebundle_(self, **kwargs):
         return live_mimebundle(self.widget, "CompareView", **kwargs)

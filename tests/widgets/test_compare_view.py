@@ -88,3 +88,13 @@ def test_an_overlay_is_drawn_dotted_and_labelled_beside_the_record():
     # a metric the overlay did not measure: the record alone
     only = compare_figure(dict(SEEDS, copy=RESULTS["copy"]), "copy", overlay=LIVE, label="record")
     assert [t.name for t in only.data] == ["GPT (record)", "Mamba (record)"]
+
+
+def test_switching_between_metrics_with_and_without_an_overlay_redraws_every_trace():
+    view = CompareView(dict(SEEDS, copy=RESULTS["copy"]), overlay=LIVE, label="record")
+    view.menu.value = "copy"  # no overlay here: two traces where there were four
+    assert [t.name for t in view.figure.data] == ["GPT (record)", "Mamba (record)"]
+    view.menu.value = "recall"
+    assert [t.name for t in view.figure.data] == ["GPT (record)", "Hybrid (record)", "GPT (this page's run)",
+                                                  "Hybrid (this page's run)"]
+    assert view.figure.data[2].line.dash == "dot"

@@ -8,7 +8,7 @@ import ipywidgets as W
 import pytest
 from plotly.utils import PlotlyJSONEncoder
 
-from test_compare_view import RESULTS
+from test_compare_view import LIVE, RESULTS, SEEDS
 from test_router_view import _run
 from test_ssm_state import _runs
 from widgets import KVCalculator, MaskExplorer, TileSchedule
@@ -43,6 +43,9 @@ VIEWS = {
     # at step 5 of run "a": run "b" has 4 steps, so moving to it also moves the step to 3
     "router": lambda: RouterView({"a": _run(S=6), "b": _run(S=4, seed=1)}, step=5),
     "compare": lambda: CompareView(RESULTS),
+    # lesson 08's: a record of several seeds, this page's run dotted over the metrics it measured
+    "compare, record and overlay": lambda: CompareView(dict(SEEDS, copy=RESULTS["copy"]), overlay=LIVE,
+                                                        label="record"),
 }
 
 
