@@ -413,8 +413,9 @@ class RouterView:
 def balance_figure(curves: Mapping[str, Mapping], *, title: str | None = None) -> go.Figure:
     """Load f and mean router probability P, drawn apart: for each run, the busiest expert's load
     over the even share (left) and the largest mean probability over the even share (right), over
-    training. The aux loss E·Σ f_i P_i reads its even value K whenever P is flat (right panel at 1),
-    whatever f does (left panel): the two panels show whether the balance is real.
+    training. A layer's aux loss E·Σ f_i P_i reads its even value K whenever its P is flat (right
+    panel at 1), whatever f does (left panel); pooled over layers (Hugging Face's form), opposite
+    imbalances of two layers cancel too. The two panels show whether the balance is real.
 
     curves: label -> {"steps": (n,), "busiest": (n,), "busiest_prob": (n,)}, each value >= 1
     (a maximum over E shares that sum to 1 is at least 1/E; 1 = even). A run may be given as its

@@ -53,17 +53,16 @@ def test_registry_holds_the_eight_classroom_widgets_in_course_order():
 
 
 def _router_claim(_widget):
-    """The notice: with α = 1 the auxiliary loss comes within 0.15 of its floor K = 2 (about 2.08 over
-    the last 10 of 80 steps) and with α = 0 it stays above 2.3 (about 2.44),
-    while the busiest expert takes well over its even share in both. The runs train in float64, so
-    these are the same numbers on every CPU (in float32 the busiest expert at α = 1 read 1.62 on one
-    CPU kernel and 1.98 on another); the margins are still wide."""
+    """The notice: with α = 0.1 the auxiliary loss (per layer) comes within 0.1 of its floor K = 2
+    (about 2.02 over the last 10 of 80 steps) and the busiest expert takes about 1.34x the even
+    share; with α = 0 the loss stays above 2.3 (about 2.9) and the busiest takes over twice its share
+    (about 2.27x). The runs train in float64, so these are the same numbers on every CPU."""
     runs = gallery._moe_runs()
     aux = {label: sum(run["aux_loss"][-10:]) / 10 for label, run in runs.items()}
-    busiest = {label: (run["load"][-10:].max(dim=-1).values.mean() * run["load"].shape[-1]).item()
-               for label, run in runs.items()}
-    assert abs(aux["α = 1"] - 2) < 0.15 and aux["α = 0"] > 2.3, aux
-    assert min(busiest.values()) > 1.5, busiest
+    busiest = {label: (run["load"][-10:].max(dim=-1).values.max(dim=-1).values.mean()
+                       * run["load"].shape[-1]).item() for label, run in runs.items()}
+    assert abs(aux["α = 0.1"] - 2) < 0.1 and aux["α = 0"] > 2.3, aux
+    assert 1.15 < busiest["α = 0.1"] < 1.6 and busiest["α = 0"] > 2.0, busiest
 
 
 def _ssm_claim(widget):
