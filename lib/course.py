@@ -5,7 +5,7 @@ CPU-only laptop and what a CUDA GPU adds. Keep in step with ../shared/COURSE-MAP
 
 `measured()` reads what `make notebooks` recorded for each lesson (lessons/run_times.json: its
 compute time on 2 cores and its kernel's peak resident memory); `class_needs` and
-`sizing_markdown` turn that into what a server for a class needs (the README's sizing table is
+`sizing_markdown` turn that into what a server for a class needs (the teachers' page's sizing table is
 generated from it, and the doctor warns where a server has less memory than a lesson used).
 """
 
@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LESSONS", "Lesson", "class_needs", "measured", "sizing_markdown"]
+__all__ = ["LESSONS", "Lesson", "READING_WPM", "class_needs", "lessons_markdown", "measured", "sizing_markdown",
+           "study_minutes"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADROOM = 1.25  # per-student memory: a lesson's measured peak plus a quarter (other data, other runs)
+READING_WPM = 100  # words a minute for technical prose and code read with care: the study-time estimate
+_EXERCISE = re.compile(r"^### Exercise [0-9.]+ .*?~(\d+) min\)", re.M)
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ def class_needs(n_students: int, root: Path | None = None) -> dict:
 
 
 def sizing_markdown(n_students: int = 30, root: Path | None = None) -> str:
-    """The README's sizing section body: one row per lesson, then what a class needs."""
+    """The teachers' page's sizing section body (book/teaching.md): one row per lesson, then what a
+    class needs."""
     runs = measured(root)
     rows = ["| lesson | compute on 2 cores | peak memory of its kernel |", "|---|---|---|"]
     for lesson in LESSONS:
@@ -106,3 +111,30 @@ def sizing_markdown(n_students: int = 30, root: Path | None = None) -> str:
         f"{need['total_gib']:.1f} GiB in all, and {need['cores']} cores for every lesson to "
         f"keep these times (2 per student). JupyterLab's own server process comes on top of "
         f"each student's kernel.")
+
+
+def study_minutes(lesson: Lesson, root: Path | None = None) -> int:
+    """An estimate of a lesson's study time, computed from its source: every word of prose and
+    code read at READING_WPM, plus the minutes each exercise's heading states, rounded up to a
+    quarter of an hour (the compute time is on top: see `measured`)."""
+    text = ((root or ROOT) / "lessons" / f"{lesson.stem}.md").read_text()
+    exercises = sum(int(m) for m in _EXERCISE.findall(text))
+    return 15 * math.ceil((len(text.split()) / READING_WPM + exercises) / 15)
+
+
+def lessons_markdown(root: Path | None = None) -> str:
+    """The README's lesson table: each lesson and its exercise version (links), its question,
+    its recorded compute time on 2 cores and its study time (`study_minutes`)."""
+    runs = measured(root)
+    rows = ["| # | lesson | exercises | the question | compute on 2 cores | study time |",
+            "|---|---|---|---|---|---|"]
+    for lesson in LESSONS:
+        run = runs.get(lesson.stem)
+        compute = f"{run['seconds']:.0f} s" if run else "not measured"
+        minutes = study_minutes(lesson, root)
+        study = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+        rows.append(f"| {lesson.number:02d} | [{lesson.title}](lessons/{lesson.stem}.ipynb) | "
+                    f"[exercises](lessons/exercises/{lesson.stem}.ipynb) | {lesson.question} | {compute} | {study} |")
+    return "\n".join(rows) + (
+        f"\n\nStudy time: every word of the lesson read at {READING_WPM} words a minute, plus the minutes its "
+        f"exercises state (generated from the lessons by `tools/execute_lessons.py`, with their compute time).")

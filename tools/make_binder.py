@@ -5,7 +5,7 @@ and binder/z2jh-config.yaml, a Zero to JupyterHub starting point sized from less
     python tools/make_binder.py --check   # exit 1 if either is missing or stale
 
 tools/execute_lessons.py rewrites the config whenever it records new peaks (as it does the
-README's sizing table).
+teachers' page's sizing table, book/teaching.md).
 
 repo2docker (BinderHub, Zero to JupyterHub's images) builds from binder/: runtime.txt picks the
 Python, requirements.txt the packages, postBuild installs the course itself and the weights'
@@ -57,7 +57,7 @@ def z2jh_config(needs: dict) -> str:
 # The course sits in {HUB_REPO_DIR}, outside the home volume mounted over /home/jovyan; the image's
 # start script (binder/start, kept by KubeSpawner, which sets only the command's arguments)
 # copies the lessons into ~/one-mask at each start without overwriting a student's files.
-# Authentication is yours to choose (README, "Running it on a JupyterHub"): set
+# Authentication is yours to choose (book/teaching.md, "Running it on a JupyterHub"): set
 # hub.config.JupyterHub.authenticator_class in your own values file.
 singleuser:
   image:

@@ -15,7 +15,7 @@ from lib.course import LESSONS
 ROOT = Path(__file__).resolve().parents[2]
 
 LESSON_PAGES = [f"lessons/{lesson.stem}.html" for lesson in LESSONS if lesson.landed()]
-PAGES = ["index.html", "intro.html", "course-map.html", "notation.html", "claims.html", *LESSON_PAGES]
+PAGES = ["index.html", "intro.html", "course-map.html", "notation.html", "claims.html", "teaching.html", *LESSON_PAGES]
 
 
 @pytest.mark.parametrize("path", PAGES)

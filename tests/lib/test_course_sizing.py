@@ -1,4 +1,5 @@
-"""lib.course's sizing: what a class needs, from the recorded peaks; the README's table is it."""
+"""lib.course's sizing: what a class needs, from the recorded peaks (the teachers' page's table is it),
+and the README's lesson table, generated from the lessons and their recorded compute times."""
 
 import json
 import re
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.course import HEADROOM, LESSONS, class_needs, measured, sizing_markdown
+from lib.course import HEADROOM, LESSONS, READING_WPM, class_needs, lessons_markdown, measured, sizing_markdown, study_minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,12 +43,37 @@ def test_class_needs_refuse_bad_input_and_missing_records(tmp_path):
     assert measured(tmp_path / "nowhere") == {}
 
 
-def test_the_readme_sizing_table_is_generated_from_the_record():
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- sizing:start[^>]*-->\n(.*?)\n<!-- sizing:end -->", readme, re.S)
-    assert block, "README.md has a generated sizing section"
-    assert block.group(1) == sizing_markdown(30), "run `make notebooks` (it rewrites the section)"
+def test_the_teachers_sizing_table_is_generated_from_the_record():
+    page = (ROOT / "book" / "teaching.md").read_text()
+    block = re.search(r"<!-- sizing:start[^>]*-->\n(.*?)\n<!-- sizing:end -->", page, re.S)
+    assert block, "book/teaching.md has a generated sizing section"
+    assert block.group(1) == sizing_markdown(30), \
+        "run `make notebooks`, or `python tools/execute_lessons.py --tables` (it rewrites the section)"
     runs = measured()
     assert all(lesson.stem in runs for lesson in LESSONS)
     for lesson in LESSONS:
         assert f"| {lesson.number:02d} {lesson.title} | {runs[lesson.stem]['seconds']:.0f} s |" in block.group(1)
+
+
+def test_the_readme_lesson_table_is_generated_and_links_what_exists():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- lessons:start[^>]*-->\n(.*?)\n<!-- lessons:end -->", readme, re.S)
+    assert block, "README.md has a generated lesson table"
+    assert block.group(1) == lessons_markdown(), \
+        "run `python tools/execute_lessons.py --tables` after editing a lesson (it rewrites the table)"
+    assert readme.index("<!-- lessons:start") < readme.index("## One command"), "the table comes first"
+    for target in re.findall(r"\]\((lessons/[^)]+)\)", block.group(1)):
+        assert (ROOT / target).is_file(), target
+
+
+def test_study_time_is_the_words_read_plus_the_exercises_stated_minutes(tmp_path):
+    lesson = LESSONS[0]
+    (tmp_path / "lessons").mkdir()
+    words = " ".join(["word"] * (READING_WPM * 40))  # 40 minutes of reading
+    source = words + "\n### Exercise 1.1 · a mask (easy, ~5 min)\n### Exercise 1.2 · more (medium, ~20 min)\n"
+    (tmp_path / "lessons" / f"{lesson.stem}.md").write_text(source)
+    extra_words = len(source.split()) - READING_WPM * 40  # the headings' own words
+    assert extra_words < READING_WPM  # under a minute: 40 + 25 + < 1 minutes -> 75
+    assert study_minutes(lesson, tmp_path) == 75
+    (tmp_path / "lessons" / f"{lesson.stem}.md").write_text(words)
+    assert study_minutes(lesson, tmp_path) == 45  # 40 minutes, rounded up to the quarter hour
