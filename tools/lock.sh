@@ -28,13 +28,15 @@ lock() {  # lock OUTPUT PREFERENCES [uv pip compile arguments...]
 # preferring the contributor's versions (tests/project/test_project.py checks that the two agree).
 lock requirements-dev.lock requirements-dev.lock --extra test --extra book
 lock requirements.lock requirements-dev.lock
+# A hub's image: the student's lock plus the hub extra (tools/make_binder.py --hub reads it).
+lock requirements-hub.lock requirements-dev.lock --extra hub
 # environment.yml for conda: Python and pip, then pyproject's direct dependencies at the
 # contributor lock's versions, with their markers (pip resolves the rest).
 "${PYTHON:-python3}" - <<'PY'
 import re, tomllib
 from pathlib import Path
 meta = tomllib.loads(Path("pyproject.toml").read_text())["project"]
-direct = meta["dependencies"] + sum(meta["optional-dependencies"].values(), [])
+direct = meta["dependencies"] + sum((v for k, v in meta["optional-dependencies"].items() if k != "hub"), [])
 name = lambda s: re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", s).group()).lower()
 wanted = list(dict.fromkeys(name(r) for r in direct))
 pins = {}
