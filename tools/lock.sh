@@ -24,9 +24,9 @@ lock() {  # lock OUTPUT PREFERENCES [uv pip compile arguments...]
     awk '/^[A-Za-z0-9]/ { skip = ($0 ~ /^(nvidia-|cuda-)/) } !skip' "$tmp"; } > "$out"
   rm -f "$tmp"
 }
-# The contributor's lock first (the course plus the test and book extras), then the student's,
+# The contributor's lock first (the course plus the test, book and hub extras), then the student's,
 # preferring the contributor's versions (tests/project/test_project.py checks that the two agree).
-lock requirements-dev.lock requirements-dev.lock --extra test --extra book
+lock requirements-dev.lock requirements-dev.lock --extra test --extra book --extra hub
 lock requirements.lock requirements-dev.lock
 # A hub's image: the student's lock plus the hub extra (tools/make_binder.py --hub reads it).
 lock requirements-hub.lock requirements-dev.lock --extra hub
@@ -36,7 +36,7 @@ lock requirements-hub.lock requirements-dev.lock --extra hub
 import re, tomllib
 from pathlib import Path
 meta = tomllib.loads(Path("pyproject.toml").read_text())["project"]
-direct = meta["dependencies"] + sum((v for k, v in meta["optional-dependencies"].items() if k != "hub"), [])
+direct = meta["dependencies"] + sum(meta["optional-dependencies"].values(), [])
 name = lambda s: re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", s).group()).lower()
 wanted = list(dict.fromkeys(name(r) for r in direct))
 pins = {}
