@@ -31,13 +31,19 @@ def test_bytes_per_step_are_the_weights_and_the_cache_read():
     assert bench.decode_bytes_per_token(model, 10) == weights + 10 * model.cache_bytes(1, 1)
 
 
-def test_timed_generate_times_every_decode_step():
+def test_timed_generate_times_every_decode_step(monkeypatch):
+    """On a clock that ticks once per reading: the call starts at 0, the 5 tokens are stamped at
+    1-5, the call ends at 6; a decode step is a gap between stamps, (5 - 1) / 4 = 1. (Real times
+    would make this a race: the prefill can take less than one decode step.)"""
     model = tiny()
     idx = torch.zeros(1, 3, dtype=torch.long)
+    ticks = iter(range(100))
+    monkeypatch.setattr(bench, "clock", lambda: next(ticks))
     seen = []
     total, step = bench.timed_generate(lambda on_token: seen.append(
         generate(model, idx, 5, temperature=0.0, on_token=on_token)))
-    assert seen[0].shape == (1, 8) and 0 < 5 * step < total
+    assert seen[0].shape == (1, 8)
+    assert (total, step) == (6, 1)
 
 
 def test_a_tiny_run_writes_the_record(tmp_path):
