@@ -4,4 +4,4 @@
 notebooks have no stored outputs (students run them) and are checked by tests/exercises.
 """
 
-collect_ignore_glob = ["lessons/exercises/*", ".venv/*", "book/_build/*"]
+collect_ignore_glob = ["lessons/exercises/*", "lessons/build/*", ".venv/*", "book/_build/*"]
