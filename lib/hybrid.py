@@ -35,22 +35,10 @@ class HybridGPT(GPT):
     """
 
     def __init__(self, config: GPTConfig, pattern: str = "MMA", mamba: MambaConfig | None = None):
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a lib.gpt.GPTConfig, got {type(config).__name__}")
-        if not isinstance(pattern, str) or not pattern or set(pattern) - set(LAYER_KINDS):
-            raise ValueError(f"pattern must be a non-empty string of {sorted(LAYER_KINDS)} (one letter per layer: "
-                             f"A = attention, M = Mamba mixer), got {pattern!r}")
-        if len(pattern) != config.n_layer:
-            raise ValueError(f"pattern has {len(pattern)} layers but config.n_layer = {config.n_layer}; they must agree")
-        if mamba is None:
-            mamba = MambaConfig(vocab_size=config.vocab_size, d_model=config.n_embd, n_layers=pattern.count("M") or 1)
-        if not isinstance(mamba, MambaConfig):
-            raise TypeError(f"mamba must be a lib.mamba.MambaConfig or None, got {type(mamba).__name__}")
-        if mamba.d_model != config.n_embd:
-            raise ValueError(f"mamba.d_model ({mamba.d_model}) must equal config.n_embd ({config.n_embd})")
+        mamba = _check_plan(config, pattern, mamba)  # None -> Mamba's defaults at the config's width
         self.pattern, self.mamba_config = pattern, mamba
 
-        def make_block(cfg: GPTConfig, i: int) -> Block:
+        def make_block(cfg: GPTConfig, i: int) -> Block:  # layer i of the plan, pre-LN, with its MLP
             return Block(cfg, attn=MambaMixer(mamba)) if pattern[i] == "M" else Block(cfg)
 
         super().__init__(config, make_block=make_block)  # the mixers keep Mamba's own init (Δ bias, A_log)
@@ -63,3 +51,21 @@ class HybridGPT(GPT):
 
     def extra_repr(self) -> str:
         return f"pattern={self.pattern!r} ({', '.join(LAYER_KINDS[k] for k in self.pattern)})"
+
+
+def _check_plan(config, pattern, mamba) -> MambaConfig:
+    """HybridGPT's arguments checked; returns the mixers' MambaConfig (Mamba's defaults if None)."""
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a lib.gpt.GPTConfig, got {type(config).__name__}")
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set(LAYER_KINDS):
+        raise ValueError(f"pattern must be a non-empty string of {sorted(LAYER_KINDS)} (one letter per layer: "
+                         f"A = attention, M = Mamba mixer), got {pattern!r}")
+    if len(pattern) != config.n_layer:
+        raise ValueError(f"pattern has {len(pattern)} layers but config.n_layer = {config.n_layer}; they must agree")
+    if mamba is None:
+        mamba = MambaConfig(vocab_size=config.vocab_size, d_model=config.n_embd, n_layers=pattern.count("M") or 1)
+    if not isinstance(mamba, MambaConfig):
+        raise TypeError(f"mamba must be a lib.mamba.MambaConfig or None, got {type(mamba).__name__}")
+    if mamba.d_model != config.n_embd:
+        raise ValueError(f"mamba.d_model ({mamba.d_model}) must equal config.n_embd ({config.n_embd})")
+    return mamba

@@ -389,16 +389,19 @@ def load_balancing_loss(router_logits, top_k: int, *, pooled: bool = False) -> t
     and read the even value K: pooling lets opposite imbalances in different layers cancel (raised
     in transformers issues #28255 and #31464). For one layer the two are equal.
     """
-    layers = _as_layers(router_logits)
-    E = layers[0].shape[-1]
+    layers = _as_layers(router_logits)  # [(N, E), ...], checked
+    _check_balance_args(layers[0].shape[-1], top_k, pooled)
+    if pooled:
+        return _switch_loss(torch.cat(layers), top_k)  # (L·N, E): one f and one P for every layer
+    return torch.stack([_switch_loss(logits, top_k) for logits in layers]).mean()
+
+
+def _check_balance_args(E: int, top_k, pooled) -> None:
     require_int("top_k", top_k, minimum=1)
     if top_k > E:
         raise ValueError(f"top_k must be <= the number of experts E={E}, got top_k={top_k}")
     if not isinstance(pooled, bool):
         raise TypeError(f"pooled must be a bool, got {type(pooled).__name__}")
-    if pooled:
-        return _switch_loss(torch.cat(layers), top_k)  # (L·N, E): one f and one P for every layer
-    return torch.stack([_switch_loss(logits, top_k) for logits in layers]).mean()
 
 
 def router_z_loss(router_logits) -> torch.Tensor:
