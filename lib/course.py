@@ -17,13 +17,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LESSONS", "Lesson", "READING_WPM", "class_needs", "lessons_markdown", "measured", "sizing_markdown",
-           "study_minutes"]
+__all__ = ["LESSONS", "Lesson", "READING_WPM", "build_minutes", "class_needs", "lessons_markdown", "measured",
+           "sizing_markdown", "study_minutes"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADROOM = 1.25  # per-student memory: a lesson's measured peak plus a quarter (other data, other runs)
 READING_WPM = 100  # words a minute for technical prose and code read with care: the study-time estimate
 _EXERCISE = re.compile(r"^### Exercise [0-9.]+ .*?~(\d+) min\)", re.M)
+_STEP = re.compile(r"^### Step [0-9.]+ .*?~(\d+) min\b", re.M)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ class Lesson:
 
     def landed(self, root: Path | None = None) -> bool:
         return ((root or ROOT) / "lessons" / f"{self.stem}.ipynb").exists()
+
+    def build_track(self, root: Path | None = None) -> Path | None:
+        """The source of this lesson's build track, lessons/build/NN-build-topic.md (None if absent);
+        the student opens the .ipynb generated beside it."""
+        found = sorted(((root or ROOT) / "lessons" / "build").glob(f"{self.number:02d}-build-*.md"))
+        return found[0] if found else None
 
 
 LESSONS: tuple[Lesson, ...] = (
@@ -122,19 +129,34 @@ def study_minutes(lesson: Lesson, root: Path | None = None) -> int:
     return 15 * math.ceil((len(text.split()) / READING_WPM + exercises) / 15)
 
 
+def build_minutes(lesson: Lesson, root: Path | None = None) -> int | None:
+    """The minutes a lesson's build track states, its steps' headings summed (None: no track)."""
+    track = lesson.build_track(root)
+    return None if track is None else sum(int(m) for m in _STEP.findall(track.read_text()))
+
+
+def _duration(minutes: int) -> str:
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
 def lessons_markdown(root: Path | None = None) -> str:
-    """The README's lesson table: each lesson and its exercise version (links), its question,
-    its recorded compute time on 2 cores and its study time (`study_minutes`)."""
+    """The README's lesson table: each lesson, its exercise version and its build track (links),
+    its question, its recorded compute time on 2 cores, its study time (`study_minutes`) and the
+    build track's stated minutes (`build_minutes`)."""
     runs = measured(root)
-    rows = ["| # | lesson | exercises | the question | compute on 2 cores | study time |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| # | lesson | exercises | build it yourself | the question | compute on 2 cores | study time |",
+            "|---|---|---|---|---|---|---|"]
     for lesson in LESSONS:
         run = runs.get(lesson.stem)
         compute = f"{run['seconds']:.0f} s" if run else "not measured"
-        minutes = study_minutes(lesson, root)
-        study = f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+        track = lesson.build_track(root)
+        build = ("not yet" if track is None else
+                 f"[{track.stem[3:].removeprefix('build-').replace('-', ' ')}](lessons/build/{track.stem}.ipynb), "
+                 f"{_duration(build_minutes(lesson, root))}")
         rows.append(f"| {lesson.number:02d} | [{lesson.title}](lessons/{lesson.stem}.ipynb) | "
-                    f"[exercises](lessons/exercises/{lesson.stem}.ipynb) | {lesson.question} | {compute} | {study} |")
+                    f"[exercises](lessons/exercises/{lesson.stem}.ipynb) | {build} | {lesson.question} | {compute} | "
+                    f"{_duration(study_minutes(lesson, root))} |")
     return "\n".join(rows) + (
         f"\n\nStudy time: every word of the lesson read at {READING_WPM} words a minute, plus the minutes its "
-        f"exercises state (generated from the lessons by `tools/execute_lessons.py`, with their compute time).")
+        f"exercises state; a build track's time is what its steps state, on top (generated from the lessons by "
+        f"`tools/execute_lessons.py`, with their compute time).")

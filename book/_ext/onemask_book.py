@@ -64,6 +64,12 @@ def _exercise_path(app, docname: str) -> Path:
     return Path(app.srcdir) / "lessons" / "exercises" / f"{Path(docname).name}.ipynb"
 
 
+def _build_path(app, docname: str) -> Path | None:
+    """The lesson's build track, the student's notebook lessons/build/NN-build-topic.ipynb (None if absent)."""
+    found = sorted((Path(app.srcdir) / "lessons" / "build").glob(f"{Path(docname).name[:2]}-build-*.ipynb"))
+    return found[0] if found else None
+
+
 def _before_you_start(app, docname: str, number: str) -> str:
     """The HTML of a lesson page's "Before you start" box."""
     env, builder = app.env, app.builder
@@ -99,6 +105,15 @@ def _before_you_start(app, docname: str, number: str) -> str:
     else:
         logger.warning(f"no exercise notebook lessons/exercises/{stem}.ipynb for this lesson (run `make exercises`)",
                        location=docname)
+    build = _build_path(app, docname)
+    if build is not None:
+        downloads.append(download(f"build/{build.name}", "build it yourself: the lesson's component written by you, "
+                                  "step by step, each step checked against the library (and a real model's weights "
+                                  "where there is one)"))
+    else:
+        logger.warning(f"no build track lessons/build/{stem[:2]}-build-*.ipynb for this lesson (run `make exercises`)",
+                       location=docname)
+    build_open = f", or <code>build/{build.name}</code> to build its component yourself" if build else ""
     return f"""<div class="admonition note onemask-lesson-box">
 <p class="admonition-title">Before you start</p>
 {prereq_html}
@@ -106,7 +121,7 @@ def _before_you_start(app, docname: str, number: str) -> str:
 <ul class="onemask-downloads">{''.join(downloads)}</ul>
 <p><strong>Open in JupyterLab.</strong> The notebooks import the course's <code>lib</code>, so run them from a clone
 of the course repository: <code>make lab</code> sets everything up and opens JupyterLab on <code>lessons/</code>;
-there, open <code>{stem}.ipynb</code>, or <code>exercises/{stem}.ipynb</code> to do the exercises.</p>
+there, open <code>{stem}.ipynb</code>, <code>exercises/{stem}.ipynb</code> to do the exercises{build_open}.</p>
 </div>"""
 
 
@@ -181,8 +196,9 @@ def _name_plotly_figures(app, doctree, docname) -> None:
 
 
 def _copy_notebooks(app, exception) -> None:
-    """Put each lesson's executed notebook beside its page, and its exercise version in
-    exercises/ beside that: the layout of lessons/ in the repository, so links stay relative."""
+    """Put each lesson's executed notebook beside its page, its exercise version in exercises/
+    and its build track in build/ beside that: the layout of lessons/ in the repository, so
+    links stay relative."""
     if exception is not None or app.builder.format != "html":
         return
     for docname in _lesson_docs(app.env).values():
@@ -193,6 +209,10 @@ def _copy_notebooks(app, exception) -> None:
         if exercise.exists():
             (target.parent / "exercises").mkdir(exist_ok=True)
             shutil.copyfile(exercise, target.parent / "exercises" / exercise.name)
+        build = _build_path(app, docname)
+        if build is not None:  # lesson 08's track reads 03, 06 and 07's beside it: all of them go
+            (target.parent / "build").mkdir(exist_ok=True)
+            shutil.copyfile(build, target.parent / "build" / build.name)
 
 
 def _tidy_scripts(app, pagename, templatename, context, doctree):

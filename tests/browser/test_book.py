@@ -80,13 +80,15 @@ def test_lesson_page_links_its_notebooks_and_names_its_prerequisites(book_server
     box = box.group(1)
     hrefs = re.findall(r'<a class="reference download" href="([^"]+)" download=', box)
     downloads = {href: f"lessons/{href}" for href in hrefs}
+    build = next((ROOT / "lessons" / "build").glob(f"{lesson.number:02d}-build-*.ipynb"))
     assert downloads == {f"{lesson.stem}.ipynb": f"lessons/{lesson.stem}.ipynb",
-                         f"exercises/{lesson.stem}.ipynb": f"lessons/exercises/{lesson.stem}.ipynb"}
+                         f"exercises/{lesson.stem}.ipynb": f"lessons/exercises/{lesson.stem}.ipynb",
+                         f"build/{build.name}": f"lessons/build/{build.name}"}
     for href, source in downloads.items():
         served = urllib.request.urlopen(f"{book_server}/lessons/{href}").read()  # relative to the page
         assert served == (ROOT / source).read_bytes(), f"{href} is not the repository's {source} (rebuild: make book)"
         assert json.loads(served)["nbformat"] == 4
-    assert "make lab" in box and f"exercises/{lesson.stem}.ipynb</code>" in box
+    assert "make lab" in box and f"exercises/{lesson.stem}.ipynb</code>" in box and f"build/{build.name}</code>" in box
 
     prerequisites = yaml.safe_load((ROOT / "book" / "prerequisites.yml").read_text())[f"{lesson.number:02d}"]
     linked = re.findall(r'<li><a class="reference internal" href="(\d\d)-[\w-]+\.html">', box)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.course import HEADROOM, LESSONS, READING_WPM, class_needs, lessons_markdown, measured, sizing_markdown, study_minutes
+from lib.course import HEADROOM, LESSONS, READING_WPM, build_minutes, class_needs, lessons_markdown, measured, sizing_markdown, study_minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,3 +77,19 @@ def test_study_time_is_the_words_read_plus_the_exercises_stated_minutes(tmp_path
     assert study_minutes(lesson, tmp_path) == 75
     (tmp_path / "lessons" / f"{lesson.stem}.md").write_text(words)
     assert study_minutes(lesson, tmp_path) == 45  # 40 minutes, rounded up to the quarter hour
+
+
+def test_build_minutes_sum_the_steps_stated_and_the_table_links_the_track(tmp_path):
+    lesson = LESSONS[0]
+    assert build_minutes(lesson, tmp_path) is None  # no track
+    (tmp_path / "lessons" / "build").mkdir(parents=True)
+    (tmp_path / "lessons" / "build" / "01-build-attention.md").write_text(
+        "# t\n### Step 1.1 · scores (easy, ~5 min, 1 point)\nx\n### Step 1.2 · softmax (medium, ~15 min, 2 points)\n"
+        "### Exercise 1.9 · not a step (easy, ~30 min)\n")
+    assert build_minutes(lesson, tmp_path) == 20
+    (tmp_path / "lessons" / f"{lesson.stem}.md").write_text("word")
+    for other in LESSONS[1:]:
+        (tmp_path / "lessons" / f"{other.stem}.md").write_text("word")
+    table = lessons_markdown(tmp_path)
+    assert "[attention](lessons/build/01-build-attention.ipynb), 20 min" in table
+    assert table.count("not yet") == len(LESSONS) - 1
