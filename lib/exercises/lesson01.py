@@ -66,7 +66,7 @@ def _diagnose_attention(q, k, v, mask):
         return torch.softmax(scores, dim=dim).nan_to_num(0.0) @ v
 
     def diagnose(got: torch.Tensor) -> str | None:
-        near = lambda x: bool(torch.allclose(got.nan_to_num(0.0), x, atol=1e-4))  # noqa: E731
+        near = lambda x: got.shape == x.shape and bool(torch.allclose(got.nan_to_num(0.0), x, atol=1e-4))  # noqa: E731
         if near(variant(scale=1.0)):
             return "the scores were not scaled: divide QKᵀ by √D (D = q.shape[-1])"
         if near(variant(dim=-2)):

@@ -128,3 +128,8 @@ def _padding_on_rows(keep, T):  # the source's padding blocks query rows (only p
 ])
 def test_cross_attention_mask_check_names_the_mistake(wrong, words):
     assert_names_the_mistake(check_cross_attention_mask, wrong, words)
+
+
+def test_masked_attention_check_reports_a_wrong_shape_instead_of_raising():
+    report = check_masked_attention(lambda q, k, v, mask: torch.zeros(3))
+    assert not report.passed and "expected shape" in report.problem
