@@ -31,6 +31,9 @@ ANSWERED_BY: dict[str, tuple[str, str]] = {
     "check_cache_update": ("lib.kv_cache", "KVCache.update"),
     "check_online_softmax_update": ("lib.attention", "online_softmax_update"),
     "check_key_block_bounds": ("lib.kernels.flash", "key_block_bounds"),
+    "check_ssm_step": ("lib.mamba", "SelectiveSSM.step"),
+    "check_top_k_gating": ("lib.moe", "_route"),
+    "check_balance_loss": ("lib.moe", "_switch_loss"),
 }
 
 Diagnose = Callable[[torch.Tensor], "str | None"]
