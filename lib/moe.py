@@ -52,7 +52,8 @@ import torch.nn.functional as F
 from lib._checks import require_int, require_rank, require_real, require_tensor
 
 __all__ = ["ACTIVATIONS", "DISPATCHES", "GATINGS", "MIXTRAL_8X7B", "MoE", "RoutingStats", "check_layer_args", "expert_capacity",
-           "load_balancing_loss", "moe_from_mixtral", "moe_param_counts", "moe_ref", "router_z_loss"]
+           "load_balancing_loss", "moe_from_mixtral", "moe_param_counts", "moe_ref", "route_top_k", "router_z_loss",
+           "switch_loss"]
 
 ACTIVATIONS = ("gelu", "silu", "swiglu")  # swiglu: three matrices, w2(silu(x·w1) * (x·w3)), as Mixtral
 GATINGS = {
@@ -106,8 +107,11 @@ def _softmax_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def _route(logits: torch.Tensor, top_k: int, gating: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits (N, E) -> gates (N, K) in the logits' dtype, experts (N, K) int64."""
+def route_top_k(logits: torch.Tensor, top_k: int, gating: str = "topk_softmax") -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits (N, E) -> gates (N, K) in the logits' dtype, experts (N, K) int64, by `gating`
+    (GATINGS: "topk_softmax" the softmax over the K chosen logits; "softmax_topk" Mixtral's, the
+    softmax over all E, top K, renormalised; "softmax_topk_raw" the same without renormalising)."""
+    _check_logits_top_k(logits, top_k, gating)
     if gating == "topk_softmax":
         top, experts = logits.topk(top_k, dim=-1)  # (N, K) each
         gates = F.softmax(top, dim=-1, dtype=_softmax_dtype(logits))
@@ -117,6 +121,16 @@ def _route(logits: torch.Tensor, top_k: int, gating: str) -> tuple[torch.Tensor,
         if gating == "softmax_topk":
             gates = gates / gates.sum(dim=-1, keepdim=True)
     return gates.to(logits.dtype), experts
+
+
+def _check_logits_top_k(logits, top_k, gating: str = "topk_softmax") -> None:
+    require_tensor("logits", logits, floating=True)
+    require_rank("logits", logits, 2, "(N, E)")
+    require_int("top_k", top_k, minimum=1)
+    if top_k > logits.shape[-1]:
+        raise ValueError(f"top_k must be <= the number of experts E={logits.shape[-1]}, got top_k={top_k}")
+    if gating not in GATINGS:
+        raise ValueError(f"gating must be one of {tuple(GATINGS)}, got {gating!r}")
 
 
 @dataclass
@@ -230,7 +244,7 @@ class MoE(nn.Module):
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits (N, E) -> gates (N, K), experts (N, K), by this layer's `gating`."""
-        return _route(logits, self.top_k, self.gating)
+        return route_top_k(logits, self.top_k, self.gating)
 
     def expert(self, h: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor | None = None):
         """One expert's FFN on rows h (n, C) with its matrices w1 (C, F), w2 (F, C), w3 (C, F)."""
@@ -328,7 +342,7 @@ def moe_ref(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     E, K = moe.num_experts, moe.top_k
     h = x.reshape(B * T, C).double()  # (N, C)
     logits = h @ moe.router.weight.double().t()  # (N, E)
-    gates, experts = _route(logits, K, moe.gating)  # (N, K)
+    gates, experts = route_top_k(logits, K, moe.gating)  # (N, K)
     chosen = F.one_hot(experts, E).to(h.dtype)  # (N, K, E)
     cap = expert_capacity(B * T, E, K, moe.capacity_factor)
     if cap is not None:
@@ -362,8 +376,9 @@ def _as_layers(router_logits) -> list[torch.Tensor]:
     return [t.reshape(-1, t.shape[-1]) for t in layers]
 
 
-def _switch_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """E · Σ_i f_i · P_i over one set of tokens' logits (N, E)."""
+def switch_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """E · Σ_i f_i · P_i over one set of tokens' logits (N, E): one layer's Switch loss."""
+    _check_logits_top_k(logits, top_k)
     N, E = logits.shape
     probs = F.softmax(logits, dim=-1, dtype=_softmax_dtype(logits))  # (N, E)
     chosen = logits.topk(top_k, dim=-1).indices  # (N, K)
@@ -392,8 +407,8 @@ def load_balancing_loss(router_logits, top_k: int, *, pooled: bool = False) -> t
     layers = _as_layers(router_logits)  # [(N, E), ...], checked
     _check_balance_args(layers[0].shape[-1], top_k, pooled)
     if pooled:
-        return _switch_loss(torch.cat(layers), top_k)  # (L·N, E): one f and one P for every layer
-    return torch.stack([_switch_loss(logits, top_k) for logits in layers]).mean()
+        return switch_loss(torch.cat(layers), top_k)  # (L·N, E): one f and one P for every layer
+    return torch.stack([switch_loss(logits, top_k) for logits in layers]).mean()
 
 
 def _check_balance_args(E: int, top_k, pooled) -> None:

@@ -32,8 +32,8 @@ ANSWERED_BY: dict[str, tuple[str, str]] = {
     "check_online_softmax_update": ("lib.attention", "online_softmax_update"),
     "check_key_block_bounds": ("lib.kernels.flash", "key_block_bounds"),
     "check_ssm_step": ("lib.mamba", "SelectiveSSM.step"),
-    "check_top_k_gating": ("lib.moe", "_route"),
-    "check_balance_loss": ("lib.moe", "_switch_loss"),
+    "check_top_k_gating": ("lib.moe", "route_top_k"),
+    "check_balance_loss": ("lib.moe", "switch_loss"),
 }
 
 Diagnose = Callable[[torch.Tensor], "str | None"]

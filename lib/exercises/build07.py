@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib.exercises import CheckReport, call_learner
-from lib.moe import MoE, _route, load_balancing_loss, moe_from_mixtral
+from lib.moe import MoE, route_top_k, load_balancing_loss, moe_from_mixtral
 
 __all__ = ["check_combine", "check_dispatch", "check_layer_balance_loss", "check_moe_layer",
            "check_router"]
@@ -375,7 +375,7 @@ def check_combine(fn) -> CheckReport:
             blocked = torch.ones(E, dtype=torch.bool)
             blocked[allowed] = False
             logits[:, blocked] = -1e4
-        gates, experts = _route(logits, K, "softmax_topk")  # (N, K) each
+        gates, experts = route_top_k(logits, K, "softmax_topk")  # (N, K) each
         routes = [torch.where(experts == e) for e in range(E)]
         with torch.no_grad():
             expected = _hf_experts(w1, w3, w2, K)(h, experts, gates)  # (N, C)
@@ -431,8 +431,8 @@ def _layer_variants(ref: MoE, x: torch.Tensor):
     B, T, C = x.shape
     h = x.reshape(B * T, C)
     logits = ref.router(h)
-    gates, experts = _route(logits, ref.top_k, "softmax_topk")
-    raw, _ = _route(logits, ref.top_k, "softmax_topk_raw")
+    gates, experts = route_top_k(logits, ref.top_k, "softmax_topk")
+    raw, _ = route_top_k(logits, ref.top_k, "softmax_topk_raw")
     w = (ref.w1.detach(), ref.w3.detach(), ref.w2.detach())
     out = [
         (_combine_variant(h, raw, experts, *w), "the gates are not renormalised (Step 7.1): "

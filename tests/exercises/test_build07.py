@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import lib.exercises.build07 as checks
 from exercise_helpers import (assert_names_the_mistake, assert_passes_and_refuses_the_stub, solution_params,
                               wrong_version_params)
-from lib.moe import MoE, _route, load_balancing_loss, moe_from_mixtral
+from lib.moe import MoE, route_top_k, load_balancing_loss, moe_from_mixtral
 
 
 # --------------------------------------------------------------------------- solutions (as the track's)
@@ -253,7 +253,7 @@ def test_the_router_reference_is_hugging_faces_and_equals_lib_softmax_topk():
     with torch.no_grad():
         router.weight.normal_()
         logits, gates, experts = router(x)
-    lib_gates, lib_experts = _route(logits, 2, "softmax_topk")
+    lib_gates, lib_experts = route_top_k(logits, 2, "softmax_topk")
     assert torch.equal(lib_experts, experts)
     torch.testing.assert_close(lib_gates, gates, atol=1e-6, rtol=0)  # fp32 softmax of 6 values
 

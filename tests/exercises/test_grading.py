@@ -133,3 +133,23 @@ def test_autograde_puts_back_deleted_cells_and_says_so(tmp_path):
     assert "raise NotImplementedError" in stub.source  # the exercise comes back unsolved
     check = next(c for c in eli.cells if grade_id(c) == check_of(ids[1]))
     assert any("is not solved yet" in o.get("evalue", "") for o in check.outputs), check.outputs
+
+
+def test_autograde_grades_a_build_track_with_each_steps_points(tmp_path):
+    """A build track's nbgrader source (buildNN): each step's graded cell is worth the points its
+    heading states; a solved track gets them all, an untouched one none, and a student who wrote
+    only the first two steps (which use no earlier step) gets exactly those two steps' points."""
+    assignment = "build01"
+    root = course(tmp_path, assignment)
+    nb = nbformat.read(GRADING / "source" / assignment / f"{notebook_name(assignment)}.ipynb", 4)
+    points = {grade_id(c): c.metadata["nbgrader"]["points"] for c in nb.cells if c.metadata["nbgrader"]["grade"]}
+    ids = [grade_id(c) for c in nb.cells if c.metadata["nbgrader"]["solution"]]  # in step order
+    assert len(ids) >= 3 and len(set(points.values())) > 1, "steps carry different points"
+    submit(root, assignment, "ada", solved=ids)
+    submit(root, assignment, "ben")
+    submit(root, assignment, "cy", solved=ids[:2])
+    nbgrader(root, "autograde", assignment)
+    assert scores(root, assignment, "ada") == {g: float(p) for g, p in points.items()}
+    assert scores(root, assignment, "ben") == {g: 0.0 for g in points}
+    first_two = {check_of(i) for i in ids[:2]}
+    assert scores(root, assignment, "cy") == {g: float(p) * (g in first_two) for g, p in points.items()}

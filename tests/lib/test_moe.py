@@ -3,12 +3,13 @@ gradients, with idle experts and with drops), the balance loss per layer (and, p
 arithmetic and first-come-first-served dropping, gating variants, parameter counts, bad input."""
 
 import math
+import re
 
 import pytest
 import torch
 
 from lib.moe import (MIXTRAL_8X7B, MoE, expert_capacity, load_balancing_loss, moe_from_mixtral, moe_param_counts,
-                     moe_ref, router_z_loss)
+                     moe_ref, route_top_k, router_z_loss, switch_loss)
 
 # fp32 throughout: the two dispatches run the same matmuls on the same rows but sum a token's K
 # expert outputs in a different order (index_add per expert vs one index_add), so they agree to a
@@ -310,3 +311,25 @@ def test_bad_attribute_and_input_errors_name_the_argument():
         expert_capacity(10, 4, 1, 0)
     with pytest.raises(ValueError, match="top_k must be <= num_experts"):
         moe_param_counts(16, 32, 2, 3)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: route_top_k(torch.zeros(4, 3, 2), 1), "(N, E)"),
+    (lambda: route_top_k(torch.zeros(4, 3), 4), "top_k must be <="),
+    (lambda: route_top_k(torch.zeros(4, 3), 0), "top_k"),
+    (lambda: route_top_k(torch.zeros(4, 3), 1, "softmax"), "gating must be one of"),
+    (lambda: route_top_k(torch.zeros(4, 3, dtype=torch.long), 1), "logits"),
+    (lambda: switch_loss(torch.zeros(4, 3), 5), "top_k must be <="),
+    (lambda: switch_loss(torch.zeros(12), 1), "(N, E)"),
+])
+def test_route_top_k_and_switch_loss_refuse_bad_arguments_by_name(call, words):
+    with pytest.raises((TypeError, ValueError), match=re.escape(words)):
+        call()
+
+
+def test_switch_loss_of_one_layer_is_load_balancing_loss_of_that_layer():
+    logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(switch_loss(logits, 2), load_balancing_loss(logits, 2))
+    gates, experts = route_top_k(logits, 2)
+    top = logits.topk(2, dim=-1)
+    assert torch.equal(experts, top.indices) and torch.allclose(gates, top.values.softmax(-1))
