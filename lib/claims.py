@@ -207,7 +207,11 @@ def verdict_summary(timed: Iterable[str] = ()) -> str:
 def _condition(name: str, holds: Any) -> bool:
     if holds is None or isinstance(holds, (str, bytes)):
         raise TypeError(f"{name} needs the measured condition (a bool), got {holds!r}")
-    return bool(holds)
+    try:
+        return bool(holds)  # numpy and torch booleans, and numbers, by their truth value
+    except (RuntimeError, ValueError) as err:  # an array or tensor of several values
+        raise TypeError(f"{name} needs one measured condition (a bool), got {type(holds).__name__} "
+                        f"of several values: reduce it with .all() or .any()") from err
 
 
 def reproduced_if(holds: Any, *, otherwise: str = "contradicted", decided_at: str | None = None) -> Verdict:

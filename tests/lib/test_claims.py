@@ -190,3 +190,41 @@ def test_verdict_summary_lists_timed_claims_without_their_verdict():
         verdict_summary(timed=["test-timed-zzz"])
     with pytest.raises(TypeError, match="collection of claim ids"):
         verdict_summary(timed="test-timed-a")
+
+
+FALSY = [False, 0, 0.0, "numpy False", "tensor False", "numpy 0.0"]
+TRUTHY = [True, 1, 2.5, "numpy True", "tensor True"]
+
+
+def _value(v):
+    import numpy as np
+    import torch
+
+    named = {"numpy False": np.False_, "tensor False": torch.tensor(False), "numpy 0.0": np.float64(0.0),
+             "numpy True": np.True_, "tensor True": torch.tensor(True)}
+    return named.get(v, v) if isinstance(v, str) else v
+
+
+@pytest.mark.parametrize("holds", FALSY, ids=str)
+def test_verdict_helpers_read_a_falsy_measured_condition_as_not_holding(holds):
+    """A condition computed with numpy or torch is a numpy or tensor boolean, or a number: its truth
+    value decides, not its identity (a helper testing `holds is not False` would pass them all)."""
+    assert reproduced_if(_value(holds)) == "contradicted"
+    assert reproduced_if(_value(holds), otherwise=SCALE, decided_at="a larger run") == SCALE
+    assert arithmetic_if(_value(holds)) == "contradicted"
+    assert partly_reproduced_if(_value(holds), _value(holds)) == "contradicted"
+    assert partly_reproduced_if(_value(holds), True) == "partly reproduced"
+
+
+@pytest.mark.parametrize("holds", TRUTHY, ids=str)
+def test_verdict_helpers_read_a_truthy_measured_condition_as_holding(holds):
+    assert reproduced_if(_value(holds)) == "reproduced"
+    assert arithmetic_if(_value(holds)) == "arithmetic"
+    assert partly_reproduced_if(_value(holds), _value(holds)) == "reproduced"
+
+
+def test_a_condition_of_several_values_is_refused_by_name():
+    import torch
+
+    with pytest.raises(TypeError, match=r"reproduced_if needs one measured condition.*\.all\(\)"):
+        reproduced_if(torch.tensor([True, False]))
