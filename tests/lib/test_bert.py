@@ -273,3 +273,13 @@ def test_mlm_corruption_is_uniform_over_tokens_and_positions_and_follows_its_gen
     other = mlm_corrupt(ids, mask_token_id=mask_id, vocab_size=vocab, special_token_ids=special,
                         generator=torch.Generator().manual_seed(9))
     assert not torch.equal(other[1], labels)
+
+
+def test_mean_pool_without_normalising_is_the_mean_over_real_tokens_only():
+    """Unnormalised, so that dividing by the padded length (or counting padding) shows: the L2
+    normalisation would cancel a wrong divisor."""
+    hidden = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3) - 5.0  # (B, T, C), negatives too
+    keep = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]])
+    pooled = mean_pool(hidden, keep, normalize=False)
+    assert torch.equal(pooled[0], hidden[0, :2].mean(0)) and torch.equal(pooled[1], hidden[1, 1:].mean(0))
+    assert torch.allclose(mean_pool(hidden, keep), torch.nn.functional.normalize(pooled, dim=-1))

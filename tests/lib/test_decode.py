@@ -51,6 +51,26 @@ def test_one_generate_decodes_every_model_as_it_recomputes(name):
     assert torch.equal(a, b) and a.shape == (2, 16)
 
 
+@pytest.mark.parametrize("name", ["GPT", "hybrid", "Mamba"])
+def test_cached_generate_feeds_the_prompt_once_then_one_token_per_step(name):
+    """What a cache is for: after the prefill, each step hands the model the newest token alone,
+    at the next position, with the same caches (a loop that recomputes the prefix each step gives
+    the same tokens, so the equality above cannot see it)."""
+    model = decoders()[name].eval()
+    calls = []
+    forward = model.forward
+
+    def recording(idx, *args, **kwargs):
+        calls.append((idx.shape[1], kwargs.get("start", 0), id(kwargs.get("caches"))))
+        return forward(idx, *args, **kwargs)
+
+    model.forward = recording
+    idx = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(1))
+    generate(model, idx, 5, temperature=0, use_cache=True)
+    assert [(n, start) for n, start, _ in calls] == [(6, 0)] + [(1, 6 + i) for i in range(4)]
+    assert len({cache for *_, cache in calls}) == 1  # the same caches every step
+
+
 def test_a_lora_wrapped_gpt_still_decodes_with_its_caches():
     """LoRA replaces the attention's projections (no `.weight` on them): the caches take the
     model's dtype and device, not a projection's."""

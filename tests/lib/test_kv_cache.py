@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lib.kv_cache import (
     DTYPE_BYTES,
+    KVCache,
     dtype_bytes,
     GB,
     GIB,
@@ -310,3 +311,24 @@ def test_kv_cache_module_is_unchanged_by_the_arithmetic():
     ks, vs = cache.update(0, k, 2 * k)
     assert ks.shape == (2, 4, 5, 8) and torch.equal(vs, (2 * k).half()) and cache.length == 5
     assert (cache.k.numel() + cache.v.numel()) * 2 == kv_cache_bytes(1, 2, 16, 4, 8, 2)
+
+
+def test_kv_cache_update_returns_every_position_written_in_order_without_gaps():
+    """Writes of 3, then 1, then 2 positions read back as their concatenation (no gap, no stale
+    slot); rewriting from an earlier start overwrites and shortens; a gap is refused by name."""
+    g = torch.Generator().manual_seed(0)
+    cache = KVCache(2, 3, 8, 4)
+    writes = [(torch.randn(2, 3, n, 4, generator=g), torch.randn(2, 3, n, 4, generator=g)) for n in (3, 1, 2)]
+    start = 0
+    for k, v in writes:
+        got_k, got_v = cache.update(start, k, v)
+        start += k.shape[2]
+        assert cache.length == start and got_k.shape[2] == start
+    assert torch.equal(got_k, torch.cat([k for k, _ in writes], dim=2))
+    assert torch.equal(got_v, torch.cat([v for _, v in writes], dim=2))
+    k2, v2 = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
+    got_k, got_v = cache.update(2, k2, v2)  # a rewind: position 2 rewritten, the cache now holds 3
+    assert cache.length == 3 and torch.equal(got_k, torch.cat([writes[0][0][:, :, :2], k2], dim=2))
+    assert torch.equal(got_v[:, :, 2:], v2)
+    with pytest.raises(ValueError, match="start must be <= the cache length 3"):
+        cache.update(4, k2, v2)
