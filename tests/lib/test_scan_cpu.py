@@ -481,3 +481,20 @@ def test_conv_loop_in_fp32_threads_and_bad_inputs():
         causal_conv1d(x, w, bias, activation="relu")
     y = causal_conv1d_cpu(x, w, bias, state, activation="silu")  # fp32, fused SiLU
     assert_close32(y, causal_conv1d_ref(x, w, bias, state, "silu"))
+
+
+def test_where_a_c_compiler_works_the_kernel_builds_and_passes_its_self_check(tmp_path):
+    """A bug in scan_cpu.c fails its self-check and the library switches the kernel off (the
+    PyTorch scan takes over, the kernel's tests skip): on a machine whose compiler builds a shared
+    library, that must fail the suite here instead of passing it quietly."""
+    if os.environ.get("ONEMASK_CPU_KERNEL", "1") == "0":
+        pytest.skip("the CPU kernel is switched off (ONEMASK_CPU_KERNEL=0)")
+    cc = c_build.compiler()
+    if cc is None:
+        pytest.skip("no C compiler on this machine: the PyTorch scan is the designed fallback")
+    (tmp_path / "probe.c").write_text("int onemask_probe(int x) { return x + 1; }\n")
+    probe = subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "probe.so"), str(tmp_path / "probe.c")],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"{cc} does not build a shared library here: {probe.stderr.strip()[:200]}")
+    assert cpu_kernel_available(), f"a working compiler, yet the kernel is {cpu_kernel_status()}"
