@@ -85,11 +85,13 @@ def failures(locks: list[Path]) -> list[str]:
     return problems
 
 
+@pytest.mark.network
 def test_every_lock_resolves_on_every_supported_platform_and_python():
     problems = failures([ROOT / name for name in LOCKS])
     assert not problems, "\n\n".join(problems)
 
 
+@pytest.mark.network
 def test_the_locks_and_environment_yml_are_what_make_lock_writes_from_pyproject(tmp_path):
     """Nobody edited a generated file by hand, and pyproject.toml did not change without a
     re-lock: tools/lock.sh, run on copies, rewrites all five files byte for byte."""

@@ -37,6 +37,7 @@ def test_the_readme_uv_commands_are_the_make_lab_steps():
     assert not any(" sync " in f" {line} " for line in lines)
 
 
+@pytest.mark.network
 def test_each_uv_pip_line_resolves_into_a_fresh_environment(tmp_path):
     """Network: resolves against PyPI, as the lock tests do (nothing is downloaded but metadata)."""
     uv = _uv()
