@@ -169,14 +169,24 @@ OTHER_NAMES = ("w1", "w2", "w3", "wq", "wk", "wv", "wo", "c_attn", "c_proj", "c_
 def _name_hint(module: nn.Module, missing: list[str], unexpected: list[str]) -> str | None:
     """The likeliest reason the learner's parameter names differ from lib's."""
     buffers = {name for name, _ in module.named_buffers()}
+    saved = [n for n in unexpected if n in buffers]
+    if saved:  # before .bias: nanoGPT (and lib/gpt.py) keep the causal mask as a buffer "bias"
+        return (f"{saved[0]} is a buffer saved with the weights: the module must hold only its "
+                "parameters, since a checkpoint holds nothing else and loads strictly; build the "
+                "mask in forward, or register the buffer with persistent=False")
     if any(n.endswith(".bias") or n == "bias" for n in unexpected):
         return "Llama's projections and norms have no bias: nn.Linear(..., bias=False)"
     if "lm_head.weight" in unexpected:
+        head = getattr(getattr(module, "lm_head", None), "weight", None)
+        embed = getattr(getattr(getattr(module, "model", None), "embed_tokens", None), "weight",
+                        None)
+        if head is not None and head is embed:
+            return ("lm_head.weight = embed_tokens.weight ties the two, but the module still "
+                    "saves that matrix a second time, as lm_head.weight, a name SmolLM2's "
+                    "checkpoint lacks: drop the lm_head module and compute logits = "
+                    "model.norm(x) @ model.embed_tokens.weight.T")
         return ("the head is tied to the embedding: logits = model.norm(x) @ "
                 "model.embed_tokens.weight.T, no lm_head of its own (SmolLM2 has none)")
-    if any(n in buffers for n in unexpected):
-        return ("a buffer of yours is saved with the weights: register it with "
-                "persistent=False, or compute it in forward")
     if missing == ["weight"] and len(unexpected) <= 1:
         return ("keep the learned scale as a parameter named weight: "
                 "self.weight = nn.Parameter(torch.ones(C))")

@@ -9,8 +9,8 @@ learner's own.
 
     check_kv_cache(cls)         MyKVCache(B, H_kv, T_max, D, dtype): preallocated self.k, self.v
                                 (B, H_kv, T_max, D); update(start, k, v) writes k, v
-                                (B, H_kv, T, D) at start..start+T-1 and returns the filled
-                                prefix, as KVCache.update
+                                (B, H_kv, T, D) at start..start+T-1 (start may rewind) and
+                                returns positions 0..start+T-1, as KVCache.update
     check_cached_attention(fn)  my_cached_attention(q (B, H, T, D), k, v (B, H_kv, S, D)) ->
                                 (B, H, T, D): the T queries are the last T of S positions
     check_cached_layer(cls)     MyCachedAttention(cfg)(x (B, T, C), cache, start) -> (B, T, C),
@@ -97,6 +97,16 @@ def _diagnose_write(cache, ref: KVCache, start: int, k: torch.Tensor, v: torch.T
         return "wrote one position too early: the new positions are start .. start + T - 1"
     if torch.equal(cache.k[:, :, start:end], v) and torch.equal(cache.v[:, :, start:end], k):
         return "keys and values are swapped: k goes into self.k, v into self.v"
+    T = k.shape[2]
+    elsewhere = [p for p in range(ref.max_len - T + 1)
+                 if p != start and torch.equal(cache.k[:, :, p:p + T], k)]
+    if elsewhere and elsewhere[0] > start:
+        return (f"wrote at position {elsewhere[0]}, after the last write, not at start = {start}: "
+                "write at `start`, not after the last write (a caller may rewind, writing "
+                "positions again): self.k[:, :, start:start + T] = k")
+    if elsewhere:
+        return (f"wrote at position {elsewhere[0]}, not at start = {start}: "
+                "self.k[:, :, start:start + T] = k")
     if torch.equal(cache.k[:, :, start:end], k):
         return ("writing the new positions changed earlier ones: write only the slice "
                 "start:start + T")
@@ -123,11 +133,15 @@ def _pair(got) -> bool:
 
 def check_kv_cache(cls) -> CheckReport:
     """MyKVCache(B, H_kv, T_max, D, dtype) with buffers self.k, self.v (B, H_kv, T_max, D);
-    update(start, k, v) writes k, v (B, H_kv, T, D) at start..start+T-1 and returns
-    (self.k[:, :, :start+T], self.v[:, :, :start+T]), views of the buffers."""
+    update(start, k, v) writes k, v (B, H_kv, T, D) at start..start+T-1, start possibly before
+    the last write's end (a rewind), and returns (self.k[:, :, :start+T],
+    self.v[:, :, :start+T]), views of the buffers."""
     exercise = "Step 4.1 (a KV cache of your own)"
     B, H_kv, T_max, D = 2, 3, 12, 4
-    steps = [("prefill: 5 positions from 0", 0, 5), ("decode: one position at 5", 5, 1),
+    steps = [("prefill: 5 positions from 0", 0, 5),
+             ("a rewind: 2 positions at start = 3, over positions 3 and 4 (a loop dropping "
+              "tokens it drafted)", 3, 2),
+             ("decode: one position at 5", 5, 1),
              ("decode: one position at 6", 6, 1), ("a chunk of 3 positions at 7", 7, 3),
              ("the last two slots, 10 and 11: the cache is full", 10, 2)]
     n = len(steps) + 2

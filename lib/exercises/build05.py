@@ -27,13 +27,17 @@ delta the backward's D_i = rowsum(dO ∘ O).
 
 from __future__ import annotations
 
+import inspect
 import math
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
 
 from lib.attention import attention_backward_ref, attention_ref, online_softmax_update
 from lib.exercises import CheckReport, call_learner
+from lib.kernels.flash import key_block_bounds
+from lib.kernels.runtime import cdiv
 from lib.masks import causal_mask
 
 __all__ = ["check_backward_tile", "check_flash_backward", "check_flash_forward",
@@ -737,10 +741,56 @@ def check_flash_backward(fn) -> CheckReport:
     return report if report is not None else CheckReport(name, True, n)
 
 
+@contextmanager
+def _tiles_visited(fn):
+    """While open, the notebook's my_backward_tile (found through the globals of `fn`, the
+    learner's my_flash_backward) records the (q_start, k_start, bq) of every call into the list
+    it yields; None when that namespace holds no such function. Put back on exit."""
+    target = inspect.unwrap(fn) if callable(fn) else fn
+    namespace = getattr(target, "__globals__", None)
+    tile = None if namespace is None else namespace.get("my_backward_tile")
+    if not callable(tile) or tile is target:
+        yield None
+        return
+    try:
+        signature = inspect.signature(tile)
+    except (TypeError, ValueError):
+        yield None
+        return
+    visited = []
+
+    def recording(*args, **kwargs):
+        try:  # by position in the learner's own signature, whatever they named the parameters
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = list(bound.arguments.values())
+            visited.append((int(values[7]), int(values[8]), int(values[0].shape[2])))
+        except (TypeError, ValueError, IndexError, AttributeError):
+            pass
+        return tile(*args, **kwargs)
+
+    namespace["my_backward_tile"] = recording
+    try:
+        yield visited
+    finally:
+        namespace["my_backward_tile"] = tile
+
+
+def _future_tiles(visited, T: int, block_m: int, block_n: int, causal: bool) -> list:
+    """The visited (q_start, k_start) pairs a flash backward skips: not among the tiles
+    key_block_bounds gives a query tile, and lying wholly after the tile's last query."""
+    needed = {(i * block_m, j * block_n) for i in range(cdiv(T, block_m))
+              for j in range(key_block_bounds(i, T, block_m, block_n, causal)[1])}
+    return sorted({(qs, ks) for qs, ks, bq in visited
+                   if causal and (qs, ks) not in needed and ks >= qs + bq})
+
+
 def _backward_case(name, fn, case, args, tol, n_cases) -> CheckReport | None:
     q, k, v, do, causal, block_m, block_n = args
     o, L = _forward_truth(q, k, v, causal)
-    got, report = _call(name, fn, (q, k, v, o, L, do, causal, block_m, block_n), case, n_cases)
+    with _tiles_visited(fn) as visited:
+        got, report = _call(name, fn, (q, k, v, o, L, do, causal, block_m, block_n), case,
+                            n_cases)
     if report is not None:
         return report
     leaves = tuple(t.clone().requires_grad_() for t in (q, k, v))
@@ -769,9 +819,22 @@ def _backward_case(name, fn, case, args, tol, n_cases) -> CheckReport | None:
          "starts before its last query + 1"),
     ]
     variants += _inherited("tile", BACKWARD_TILE_MISTAKES, "5.4", compute)
-    return _tuple_report(
+    report = _tuple_report(
         name, n_cases, case, got, expected, ("dq", "dk", "dv"), tol=tol,
         diagnose=lambda got: _first_match(got, variants),
         shape_hints={d: f"{d} has the shape of {d[1]}: (B, H, T, D)" for d in ("dq", "dk", "dv")},
         default_hint="delta = rowsum(dO ∘ O); for each query tile and each key tile it visits, add "
                      "your Step 5.4 shares into dq[rows], dk[cols], dv[cols]")
+    future = _future_tiles(visited or [], q.shape[2], block_m, block_n, causal)
+    if report is None and future:  # right sums: a future tile's shares are all zero
+        qs, ks = future[0]
+        return CheckReport(
+            name, False, n_cases, case,
+            f"the gradients are right, but my_backward_tile ran on {len(future)} (query tile, "
+            f"key tile) pair(s) that lie wholly in the queries' future, such as queries "
+            f"{qs}..{min(qs + block_m, q.shape[2]) - 1} with keys {ks}..",
+            "the causal skip is missing: under causal, a query tile at q_start visits only the "
+            "key tiles that start before min(q_start + block_m, T), as in your forward (Step "
+            "5.2) and key_block_bounds; the others' shares are zero, and a flash kernel never "
+            "loads them")
+    return report

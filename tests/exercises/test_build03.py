@@ -301,6 +301,14 @@ def _with_globals(fn_or_cls, **names):
 AttentionWithWrongRope = _with_globals(MyAttention, my_rope=rope_interleaved)
 
 
+class MaskAsBuffer(MyAttention):
+    """nanoGPT's way: the causal mask kept as a persistent buffer named bias."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.register_buffer("bias", torch.ones(64, 64).tril().view(1, 1, 64, 64))
+
+
 # --------------------------------------------------------------------------- 3.5
 class PostNorm(MyDecoderBlock):
     def forward(self, x):
@@ -353,6 +361,18 @@ class UntiedHead(MyDecoder):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+
+    def forward(self, idx):
+        return self.lm_head(self.model.norm(self.hidden(idx)))
+
+
+class TiedTheHuggingFaceWay(MyDecoder):
+    """LlamaForCausalLM's tie: an lm_head sharing the embedding's matrix, saved under both names."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, idx):
         return self.lm_head(self.model.norm(self.hidden(idx)))
@@ -456,6 +476,7 @@ WRONG_VERSIONS = {
         (KvProjWithHHeads, "H_kv"),
         (DiagonalMasked, "sees itself"),
         (AttentionWithWrongRope, "Step 3.3"),
+        (MaskAsBuffer, "persistent=False"),
     ],
     "check_decoder_block": [
         (PostNorm, "post-norm"),
@@ -469,6 +490,7 @@ WRONG_VERSIONS = {
         (NoFinalNorm, "final norm"),
         (Probabilities, "not probabilities"),
         (UntiedHead, "tied"),
+        (TiedTheHuggingFaceWay, "a second time"),
         (LastPositionOnly, "every position"),
         (NoModelPrefix, "self.model"),
         (TwoLayersAlways, "cfg.n_layer"),

@@ -162,6 +162,19 @@ class PositionsFirst(MyKVCache):
         self.v = torch.zeros(B, T_max, H_kv, D, dtype=dtype)
 
 
+class AppendsAtItsOwnPointer(MyKVCache):
+    """Ignores start and writes after its own last write: right until a caller rewinds."""
+
+    def __init__(self, B, H_kv, T_max, D, dtype=torch.float32):
+        super().__init__(B, H_kv, T_max, D, dtype)
+        self.length = 0
+
+    def update(self, start, k, v):
+        k_all, v_all = super().update(self.length, k, v)
+        self.length += k.shape[2]
+        return k_all, v_all
+
+
 # --------------------------------------------------------------------------- 4.2
 def attention_repeat(q, k, v):
     return checks.attend(q, k, v, expand="repeat")
@@ -251,6 +264,14 @@ class KeysWithAllHeads(MyCachedAttention):
 
 
 LayerWithRepeatedHeads = _with_globals(MyCachedAttention, my_cached_attention=attention_repeat)
+
+
+class MaskAsBuffer(MyCachedAttention):
+    """nanoGPT's way: a causal mask kept as a persistent buffer named bias."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.register_buffer("bias", torch.ones(64, 64).tril().view(1, 1, 64, 64))
 
 
 # --------------------------------------------------------------------------- 4.4
@@ -367,6 +388,7 @@ WRONG_VERSIONS = {
         (IgnoresDtype, "dtype given to __init__"),
         (ReturnsCopies, "copies"),
         (PositionsFirst, "positions are dim 2"),
+        (AppendsAtItsOwnPointer, "write at `start`, not after the last write"),
     ],
     "check_cached_attention": [
         (attention_repeat, "repeat_interleave"),
@@ -384,6 +406,7 @@ WRONG_VERSIONS = {
         (UpdatesAtWrongStart, "this call's start"),
         (KeysWithAllHeads, "H_kv"),
         (LayerWithRepeatedHeads, "Step 4.2"),
+        (MaskAsBuffer, "persistent=False"),
     ],
     "check_cached_generate": [
         (generate_without_caches, "caches=caches"),

@@ -293,6 +293,32 @@ def backward_with_tile_bug(q, k, v, o, L, do, causal=False, block_m=16, block_n=
     return flash_backward(q, k, v, o, L, do, causal, block_m, block_n, tile=backward_tile_without_delta)
 
 
+my_backward_tile = backward_tile  # what a notebook's Step 5.4 cell defines, called by its name below
+
+
+def my_flash_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16, skip=True):
+    """As the notebook writes it: the tile function found by its name in the notebook's globals."""
+    B, H, T, D = q.shape
+    delta = (do * o).sum(-1)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for q_start in range(0, T, block_m):
+        rows = slice(q_start, min(q_start + block_m, T))
+        for k_start in range(0, rows.stop if causal and skip else T, block_n):
+            cols = slice(k_start, min(k_start + block_n, T))
+            dq_t, dk_t, dv_t = my_backward_tile(q[:, :, rows], k[:, :, cols], v[:, :, cols], do[:, :, rows],
+                                                L[:, :, rows], delta[:, :, rows], 1 / math.sqrt(D), q_start,
+                                                k_start, causal)
+            dq[:, :, rows] += dq_t
+            dk[:, :, cols] += dk_t
+            dv[:, :, cols] += dv_t
+    return dq, dk, dv
+
+
+def backward_without_causal_skip(q, k, v, o, L, do, causal=False, block_m=16, block_n=16):
+    """Every key tile for every query tile: the sums are right (a future tile's P is 0), the work is not."""
+    return my_flash_backward(q, k, v, o, L, do, causal, block_m, block_n, skip=False)
+
+
 WRONG_VERSIONS = {
     "check_fold_key_tile": [
         (fold_without_rescaling_acc, "acc was not rescaled"),
@@ -333,6 +359,7 @@ WRONG_VERSIONS = {
         (backward_overwrites, "instead of adding"),
         (backward_skips_diagonal, "diagonal tiles were skipped"),
         (backward_with_tile_bug, "Step 5.4"),
+        (backward_without_causal_skip, "causal skip is missing"),
     ],
 }
 
@@ -348,6 +375,21 @@ def test_check_names_the_mistake(check, wrong, words):
 
 
 # --------------------------------------------------------------------------- what the checks rest on
+def test_the_backward_check_watches_the_tiles_and_puts_the_notebooks_function_back():
+    """Step 5.5 records which tiles the notebook's my_backward_tile runs on, passes a loop with the
+    causal skip, and leaves the notebook's function as it found it."""
+    assert checks.check_flash_backward(my_flash_backward).passed
+    assert my_backward_tile is backward_tile
+    visited = []
+    with checks._tiles_visited(backward_without_causal_skip) as visited:
+        o, L = checks._forward_truth(*(torch.randn(1, 1, 9, 4) for _ in range(3)), True)
+        backward_without_causal_skip(*(torch.randn(1, 1, 9, 4) for _ in range(3)), o, L,
+                                     torch.randn(1, 1, 9, 4), True, 4, 4)
+    assert sorted(visited) == [(qs, ks, min(4, 9 - qs)) for qs in (0, 4, 8) for ks in (0, 4, 8)]
+    assert checks._future_tiles(visited, 9, 4, 4, True) == [(0, 4), (0, 8), (4, 8)]
+    assert my_backward_tile is backward_tile
+
+
 def test_the_second_fold_case_really_raises_the_running_max():
     """Case 2 of step 5.1 exists to catch a missing rescale: the max must rise in some row."""
     _, second = checks._fold_cases()[1]

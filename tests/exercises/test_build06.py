@@ -1,6 +1,8 @@
 """Build track 06's checks (lib.exercises.build06): each passes its solution, refuses the stub, and
 names the mistake in at least three plausible wrong versions of its step."""
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -36,7 +38,9 @@ def selective_scan(x, dt, A_log, B, C, D, *, disc=discretize, skip=True, carry=T
 
 
 def make_ssm(*, scan=selective_scan, swap_bc=False, dt_bias=True, softplus_twice=False,
-             x_proj_bias=False, a_init="log"):
+             x_proj_bias=False, a_init="log", dt_init="mamba"):
+    """dt_init: "mamba" (softplus(bias) log-uniform in [dt_min, dt_max], right), "none" (nn.Linear's
+    own bias), "raw" (the bias holds Δ itself, its inverse softplus forgotten)."""
     class MySelectiveSSM(nn.Module):
         def __init__(self, cfg):
             super().__init__()
@@ -44,8 +48,18 @@ def make_ssm(*, scan=selective_scan, swap_bc=False, dt_bias=True, softplus_twice
             self.R, self.N = R, N
             self.x_proj = nn.Linear(D, R + 2 * N, bias=x_proj_bias)
             self.dt_proj = nn.Linear(R, D, bias=True)
-            A = torch.arange(1, N + 1, dtype=torch.float32).repeat(D, 1)
-            self.A_log = nn.Parameter(torch.log(A) if a_init == "log" else A)
+            lo, hi = math.log(cfg.dt_min), math.log(cfg.dt_max)
+            dt = torch.exp(torch.rand(D) * (hi - lo) + lo).clamp(min=cfg.dt_init_floor)
+            with torch.no_grad():
+                if dt_init == "mamba":
+                    self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+                elif dt_init == "raw":
+                    self.dt_proj.bias.copy_(dt)
+            if a_init == "expand":  # one row, expanded: every row the same memory
+                self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).expand(D, N))
+            else:
+                A = torch.arange(1, N + 1, dtype=torch.float32).repeat(D, 1)
+                self.A_log = nn.Parameter(torch.log(A) if a_init == "log" else A)
             self.D = nn.Parameter(torch.ones(D))
 
         def forward(self, x):
@@ -182,6 +196,9 @@ WRONG_VERSIONS = {
         (make_ssm(softplus_twice=True), "softplus was applied twice"),
         (make_ssm(x_proj_bias=True), "x_proj has none"),
         (make_ssm(a_init="A"), "A_log holds the log"),
+        (make_ssm(a_init="expand"), "expanded tensor"),
+        (make_ssm(dt_init="none"), "Δ initialisation"),
+        (make_ssm(dt_init="raw"), "holds Δ itself"),
         (make_ssm(scan=scan_without_skip), "Step 6.2"),
         (make_ssm(scan=scan_backwards), "Step 6.2: the scan ran backwards"),
     ],
@@ -198,6 +215,7 @@ WRONG_VERSIONS = {
         (make_mixer(ssm=make_ssm(swap_bc=True)), "Step 6.3"),
         (make_mixer(ssm=make_ssm(scan=scan_without_carry)), "Step 6.2"),
         (make_mixer(ssm=make_ssm(scan=scan_with_a_log)), "Step 6.1"),
+        (make_mixer(ssm=make_ssm(dt_init="none")), "Step 6.3: give dt_proj's bias"),
     ],
 }
 
