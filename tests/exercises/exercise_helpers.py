@@ -34,18 +34,3 @@ def assert_names_the_mistake(check, wrong, words):
     report = check(wrong)
     assert not report.passed and words in f"{report.problem} {report.hint}", report
 
-
-def wrong_version_params(wrong_versions, module):
-    """pytest params (check, wrong version, words) from a build track test module's
-    WRONG_VERSIONS = {check name: [(wrong version, words its report must hold), ...]}."""
-    import pytest
-
-    return [pytest.param(getattr(module, name), wrong, words, id=f"{name}-{i}-{getattr(wrong, '__name__', 'wrong')}")
-            for name, versions in wrong_versions.items() for i, (wrong, words) in enumerate(versions)]
-
-
-def solution_params(solutions, module):
-    """pytest params (check, solution) from a build track test module's SOLUTIONS = {check name: solution}."""
-    import pytest
-
-    return [pytest.param(getattr(module, name), solution, id=name) for name, solution in solutions.items()]

@@ -12,13 +12,27 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from exercise_helpers import ROOT, load_tool
+from exercise_helpers import ROOT, assert_names_the_mistake, assert_passes_and_refuses_the_stub, load_tool
 from lib.course import LESSONS
 
 BUILD = ROOT / "lessons" / "build"
 TRACKS = sorted(BUILD.glob("[0-9][0-9]-*.md"))
 STEP = re.compile(r"^### Step (\d+)\.(\d+) · (.+) \((easy|medium|hard)[^)]*?~(\d+) min, (\d+) points?\)$", re.M)
 MIN_WRONG_VERSIONS = 3
+
+
+def track_modules():
+    """(NN, lib.exercises.buildNN, tests/exercises/test_buildNN) for every track: the checks, and
+    the module that holds their SOLUTIONS and WRONG_VERSIONS."""
+    return [(t.name[:2], importlib.import_module(f"lib.exercises.build{t.name[:2]}"),
+             importlib.import_module(f"test_build{t.name[:2]}")) for t in TRACKS]
+
+
+SOLVED = [pytest.param(getattr(checks, name), solution, id=f"{nn}-{name}")
+          for nn, checks, tests in track_modules() for name, solution in tests.SOLUTIONS.items()]
+WRONG = [pytest.param(getattr(checks, name), wrong, words, id=f"{nn}-{name}-{i}-{getattr(wrong, '__name__', 'wrong')}")
+         for nn, checks, tests in track_modules() for name, versions in tests.WRONG_VERSIONS.items()
+         for i, (wrong, words) in enumerate(versions)]
 
 
 def steps(track):
@@ -70,6 +84,16 @@ def test_the_track_test_module_shows_each_check_failing_on_three_wrong_versions(
         versions = tests.WRONG_VERSIONS.get(name, [])
         assert len(versions) >= MIN_WRONG_VERSIONS, f"{name}: {len(versions)} wrong versions tested"
         assert all(words for _, words in versions), f"{name}: each wrong version's report must name the mistake"
+
+
+@pytest.mark.parametrize("check, solution", SOLVED)
+def test_every_check_passes_its_solution_and_refuses_the_stub(check, solution):
+    assert_passes_and_refuses_the_stub(check, solution)
+
+
+@pytest.mark.parametrize("check, wrong, words", WRONG)
+def test_every_check_names_the_mistake_of_each_wrong_version(check, wrong, words):
+    assert_names_the_mistake(check, wrong, words)
 
 
 def solved_notebooks(tmp_path):
