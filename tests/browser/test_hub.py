@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from lab_js import ALL_CELLS_RUN_JS
 from test_lab import CELL_STATE_JS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,15 +145,7 @@ def classroom(hub, browser):
         assert n_cells > 20
     for page in pages.values():
         page.wait_for_function(
-            """() => {
-              const panel = window.jupyterapp.shell.currentWidget;
-              const cells = panel.content.model.cells;
-              for (let i = 0; i < cells.length; i++) {
-                const c = cells.get(i);
-                if (c.type === 'code' && c.executionCount === null) return false;
-              }
-              return panel.sessionContext.session?.kernel?.status === 'idle';
-            }""", timeout=600_000, polling=1000)
+            ALL_CELLS_RUN_JS, timeout=600_000, polling=1000)
     yield pages
     for page in pages.values():
         page.context.close()

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from drawn import DRAWN_JS, difference, drawn_data_of_json, plain
+from lab_js import ALL_CELLS_RUN_JS
 from lib.course import LESSONS
 
 LANDED = [f"exercises/{lesson.stem}.ipynb" for lesson in LESSONS if lesson.landed()]
@@ -130,16 +131,7 @@ def lab_page(request, lab_server, page_with_log):
     assert n_cells > 20
     # Done when the kernel is idle again and every code cell has an execution count.
     page.wait_for_function(
-        """() => {
-          const panel = window.jupyterapp.shell.currentWidget;
-          const status = panel.sessionContext.session?.kernel?.status;
-          const cells = panel.content.model.cells;
-          for (let i = 0; i < cells.length; i++) {
-            const c = cells.get(i);
-            if (c.type === 'code' && c.executionCount === null) return false;
-          }
-          return status === 'idle';
-        }""",
+        ALL_CELLS_RUN_JS,
         timeout=600_000, polling=1000,  # a lesson is budgeted at 90 s: room for a slow or busy runner
     )
     yield page, request.param

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from lab_js import ALL_CELLS_RUN_JS
+
 ROOT = Path(__file__).resolve().parents[2]
 TRACKS = sorted((ROOT / "lessons" / "build").glob("[0-9][0-9]-*.md"))
 RUNS = [(f"build/{t.stem}.ipynb", "unsolved") for t in TRACKS] + [(f"build/solved/{t.stem}.ipynb", "solved")
@@ -47,15 +49,7 @@ def test_build_track_runs_in_lab(path, state, lab_server, page_with_log):
       window.jupyterapp.commands.execute('notebook:run-all-cells');
     }""")
     page.wait_for_function(
-        """() => {
-          const panel = window.jupyterapp.shell.currentWidget;
-          const cells = panel.content.model.cells;
-          for (let i = 0; i < cells.length; i++) {
-            const c = cells.get(i);
-            if (c.type === 'code' && c.executionCount === null) return false;
-          }
-          return panel.sessionContext.session?.kernel?.status === 'idle';
-        }""", timeout=300_000, polling=1000)
+        ALL_CELLS_RUN_JS, timeout=300_000, polling=1000)
     result = page.evaluate(STATE_JS)
     page.evaluate("() => window.jupyterapp.commands.execute('kernelmenu:shutdown')")
     page.context.close()
