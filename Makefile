@@ -87,7 +87,7 @@ demo: $(STUDENT_STAMP)
 	exec $(BIN)/python tools/make_gallery.py .demo --serve --port=$(DEMO_PORT)
 
 # The whole suite, in order; any failing part stops it with a non-zero exit. It starts with an
-# empty training cache (lib.training_cache): the unit tests and nbval record every training run
+# empty training cache (lib.course.training_cache): the unit tests and nbval record every training run
 # they make, and the browser tests replay those runs instead of training the same models again.
 test: $(STAMP)
 	rm -rf $(TRAINING_CACHE)
@@ -113,7 +113,7 @@ test-unit: $(STAMP)
 # 06 and 07 100 s, the rest under 90 s), so that neither worker is left with a long one at the
 # end; every other lesson follows in order (--no-loadscope-reorder keeps this order, where
 # xdist would sort the notebooks by their number of cells).
-# Every training run nbval makes is recorded (lib.training_cache, record mode: nbval itself always
+# Every training run nbval makes is recorded (lib.course.training_cache, record mode: nbval itself always
 # trains for real); the browser tests' JupyterLab, whose kernels get the same numerics, replays
 # those runs bit for bit instead of training every lesson a second time.
 PERTURBED_NUMERICS := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41

@@ -1,9 +1,18 @@
 """One Mask's library: the real implementations every lesson imports, one concept per module.
 
-Imports flow one way: models -> layers -> kernels -> `kernels.runtime` (the one place that
-imports Triton); `lib` imports nothing from `widgets`, and has no import cycle (a test reads the
-graph). Public functions check their arguments once, at the door (`_checks`); `lib.debug(True)`
-adds the value scans (NaN, id ranges, mask rows) everywhere.
+Two layers you can see. The models, their layers and kernels are the modules right here; the
+course's machinery (its claims ledger, the benchmarks, lesson 08's judging, precision printing,
+the capability check, the hosted setup, the lesson map, the exercise checks, the training replay
+cache) lives in `lib.course`, which nothing outside it in `lib` imports. Imports flow one way:
+lib.course -> models -> layers -> kernels -> `kernels.runtime` (the one place that imports
+Triton), with `_checks` and `_replay` at the bottom; `lib` imports nothing from `widgets`
+(tests/project/test_layers.py reads the graph). Importing `lib` changes one thing outside it:
+without a CUDA GPU it sets TRITON_INTERPRET=1 unless the variable is set (`kernels.runtime`),
+because Triton fixes its mode at its first import and torch's own modules (the FLOP counter,
+torch.compile) import triton: waiting for the first kernel call would be too late.
+
+Public functions check their arguments once, at the door (`_checks`); `lib.debug(True)` adds the
+value scans (NaN, id ranges, mask rows) everywhere.
 
     the equation     masks (M as an additive matrix), attention (softmax(QKᵀ/√D + M)V, every
                      backend behind one door), rope, norms
@@ -23,17 +32,22 @@ adds the value scans (NaN, id ranges, mask rows) everywhere.
     kernels          kernels.flash, kernels.scan (Triton), kernels.scan_cpu (C), kernels.matvec
                      (a decode step's products on a CPU), kernels.runtime
     training         train (the one loop, schedules, the LM recipe), tasks (synthetic tasks),
-                     lora, corpus, training_cache (replaying a run made before)
-    measuring        bench (`python -m lib.bench.<name>`, one timer, machine records), probes
-                     (attention sinks, previous-token and induction heads),
-                     compare (lesson 08's models and judging), claims (the ledger), precision
-    the course       doctor (capability check), course (the lesson map), hosted, toy,
-                     exercises (checks with hints)
+                     lora, corpus
+    measuring        probes (attention sinks, previous-token and induction heads)
+    toys             toy
+    lib.course       bench (`python -m lib.course.bench.<name>`, one timer, machine records),
+                     compare (lesson 08's models and judging), claims (the ledger), precision,
+                     doctor (capability check), lessons (the lesson map), hosted, demos (the
+                     gallery's small trained models), exercises (checks with hints),
+                     training_cache (replaying a run made before: `@lib._replay.replayable`)
 """
 
 # Decides how Triton runs before anything imports it (the interpreter without a GPU): lib.kernels.runtime.
 from lib.kernels import runtime as _runtime  # noqa: F401
+from lib._checks import debug  # lib.debug(True): value scans everywhere (see lib._checks)
+from lib.course import training_cache as _training_cache
 
-from lib._checks import debug  # noqa: E402  lib.debug(True): value scans everywhere (see lib._checks)
+# ONEMASK_TRAINING_CACHE=dir replays training runs made before (lib.course.training_cache)
+_training_cache.install()
 
 __version__ = "0.1.0"

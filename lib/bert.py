@@ -32,7 +32,7 @@ from lib._checks import require_rank, require_state_dict_fits, require_tensor, r
 from lib.attention import attention, attention_weights
 from lib.masks import padding_mask
 from lib.train import train, warmup_linear
-from lib.training_cache import replayable
+from lib._replay import replayable
 
 __all__ = ["Bert", "BertConfig", "BertForMaskedLM", "init_gradient_norms", "load_minilm", "mean_pool", "minilm_path",
            "minilm_tokenizer", "mlm_corrupt", "predict_masked", "train_mlm"]

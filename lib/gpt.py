@@ -100,7 +100,7 @@ class GPTConfig:
 
     @classmethod
     def decode_bench(cls, **changes) -> "GPTConfig":
-        """The small decoder lesson 04 and `python -m lib.bench.kv_cache` time: 4 layers, width 256,
+        """The small decoder lesson 04 and `python -m lib.course.bench.kv_cache` time: 4 layers, width 256,
         a 512-position context (room for a prompt and 256 new tokens)."""
         base = dict(vocab_size=64, block_size=512, n_layer=4, n_head=4, n_embd=256)
         base.update(changes)

@@ -28,7 +28,7 @@ from lib.corpus import CharVocab, facts_corpus
 from lib.gpt import GPT, Block, GPTConfig
 from lib.moe import MoE, check_layer_args, load_balancing_loss, router_z_loss
 from lib.train import get_batch, train
-from lib.training_cache import replayable
+from lib._replay import replayable
 
 __all__ = ["MoEFeedForward", "MoETrainRecord", "drop_rate", "moe_gpt", "router_logits_of", "train_moe_lm"]
 

@@ -23,7 +23,7 @@ is the front door to all of them, and the named functions below check their argu
     "triton"    selective_scan_triton: one fused kernel, the state kept on chip (`lib.kernels.scan`,
                 compiled on a GPU, Triton's interpreter on a CPU; tests/lib/test_scan_kernel.py)
     "auto"      the default: "cpu" for CPU inputs where the C loop compiled here, else "chunked".
-                Measured by `python -m lib.bench.ssm`, benchmarks/ssm_cpu.json
+                Measured by `python -m lib.course.bench.ssm`, benchmarks/ssm_cpu.json
 
 Adding a scan: write its body with the bodies' signature, add it to `SCANS`, test it against
 `selective_scan_ref`. Kernels are launched from here (`lib.kernels` knows nothing of this module).
@@ -217,7 +217,7 @@ def default_chunk_size(L: int) -> int:
 
     The chunked scan takes about 2·Lc + L/Lc Python steps (two passes over the positions of a
     chunk, one over the chunks); their sum is smallest near Lc = sqrt(L/2), rounded here to a
-    power of two (32 at L = 2048). `python -m lib.bench.ssm` sweeps Lc at L = 2048 and records it in
+    power of two (32 at L = 2048). `python -m lib.course.bench.ssm` sweeps Lc at L = 2048 and records it in
     benchmarks/ssm_cpu.json; on a 2-core CPU with one thread, Lc = 16, 32 and 64 measured within
     10% of each other, smaller and larger chunks slower.
     """

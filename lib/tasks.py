@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from lib._checks import require_int
 from lib.train import train, warmup_cosine
-from lib.training_cache import replayable
+from lib._replay import replayable
 
 __all__ = ["BLANK", "IGNORE", "RECALL", "AssociativeRecall", "SelectiveCopying", "task_accuracy", "task_loss",
            "train_on_task"]

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from lib._checks import require_int, require_rank, require_real, require_tensor
-from lib.training_cache import replayable
+from lib._replay import replayable
 
 __all__ = ["evaluate_loss", "get_batch", "train", "train_lm", "warmup_cosine", "warmup_linear"]
 

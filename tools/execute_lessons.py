@@ -167,10 +167,10 @@ def _replace_block(path: Path, marks: tuple[str, str], body: str) -> None:
 
 def write_sizing() -> None:
     """Rewrite what is generated from the record and the lessons: the README's lesson table
-    (lib.course.lessons_markdown), the teachers' page's sizing table (lib.course.sizing_markdown)
+    (lib.course.lessons.lessons_markdown), the teachers' page's sizing table (lib.course.lessons.sizing_markdown)
     and the hub's sized config (tools/make_binder.py)."""
     sys.path.insert(0, str(ROOT))
-    from lib.course import lessons_markdown, sizing_markdown
+    from lib.course.lessons import lessons_markdown, sizing_markdown
 
     _replace_block(README, TABLE, lessons_markdown())
     _replace_block(TEACHING, SIZING, sizing_markdown(30))

@@ -4,7 +4,7 @@
 #     OUT=gpu_results bash tools/gpu_checks.sh
 #
 # 1. lesson 05's attention benchmark (naive vs SDPA vs our Triton flash kernel, 12 layers, causal
-#    fp16, S = 512 ... 8192): python -m lib.bench.attention -> $OUT/attention_gpu.json
+#    fp16, S = 512 ... 8192): python -m lib.course.bench.attention -> $OUT/attention_gpu.json
 # 2. the kernel tests compiled on CUDA tensors, with the GPU-only ones (tests/lib/test_kernels.py,
 #    tests/lib/test_scan_kernel.py) -> $OUT/pytest_gpu.xml
 # 3. lesson 06's scans on the GPU: reference, chunked and the fused Triton scan -> $OUT/ssm_cuda.json
@@ -40,10 +40,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log it, report 
     echo "=== $name: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$LOG"
 }
 
-step attention "${LIMIT_ATTENTION:-170}" "$PY" -m lib.bench.attention --out "$OUT/attention_gpu.json"
+step attention "${LIMIT_ATTENTION:-170}" "$PY" -m lib.course.bench.attention --out "$OUT/attention_gpu.json"
 step tests "${LIMIT_TESTS:-200}" "$PY" -m pytest -q -rs tests/lib/test_kernels.py tests/lib/test_scan_kernel.py \
     --junitxml="$OUT/pytest_gpu.xml"
-step ssm "${LIMIT_SSM:-110}" "$PY" -m lib.bench.ssm --threads 1 --repeats 5 --sweep --out "$OUT/ssm_cuda.json"
-step moe "${LIMIT_MOE:-35}" "$PY" -m lib.bench.moe --threads 1 --repeats 5 --out "$OUT/moe_cuda.json"
-step kv_cache "${LIMIT_KV:-35}" "$PY" -m lib.bench.kv_cache --repeats 3 --out "$OUT/kv_cache_cuda.json"
+step ssm "${LIMIT_SSM:-110}" "$PY" -m lib.course.bench.ssm --threads 1 --repeats 5 --sweep --out "$OUT/ssm_cuda.json"
+step moe "${LIMIT_MOE:-35}" "$PY" -m lib.course.bench.moe --threads 1 --repeats 5 --out "$OUT/moe_cuda.json"
+step kv_cache "${LIMIT_KV:-35}" "$PY" -m lib.course.bench.kv_cache --repeats 3 --out "$OUT/kv_cache_cuda.json"
 date -u | tee -a "$LOG"

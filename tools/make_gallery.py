@@ -65,7 +65,7 @@ def _notebook(cells) -> nbformat.NotebookNode:
 
 def gallery_notebooks() -> dict[str, nbformat.NotebookNode]:
     """File name -> notebook, the index first."""
-    from lib.course import LESSONS
+    from lib.course.lessons import LESSONS
     from widgets.gallery import GALLERY
 
     titles = {lesson.stem: lesson.title for lesson in LESSONS}

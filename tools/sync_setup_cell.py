@@ -3,10 +3,10 @@
     python tools/sync_setup_cell.py           # insert or update the cell in lessons/NN-*.md
     python tools/sync_setup_cell.py --check   # exit 1 if a lesson lacks the current cell
 
-The cell comes just before the lesson's capability check (`from lib import doctor`). Where `lib`
+The cell comes just before the lesson's capability check (`from lib.course import doctor`). Where `lib`
 imports (the course's own JupyterLab, nbval, the book build) it does nothing and prints nothing.
 Elsewhere it clones the repository named in [tool.onemask] into ~/one-mask and runs
-lib/hosted.py from it; while no repository is set, it says how to get the files instead.
+lib/course/hosted.py from it; while no repository is set, it says how to get the files instead.
 Then `make notebooks` carries the cell into the .ipynb files and the exercise notebooks.
 """
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LESSONS = ROOT / "lessons"
 FIRST_LINE = "# Colab, Kaggle, a JupyterHub, VS Code: get the course's files where they are missing."
 TAGS = "remove-cell"  # only for hosted notebooks: the book leaves it out (its hide-input toggle failed the axe scan: a <summary> whose text is not in its accessible name)
-DOCTOR = "```{code-cell} ipython3\n:tags: [nbval-ignore-output]\n\nfrom lib import doctor\n"
+DOCTOR = "```{code-cell} ipython3\n:tags: [nbval-ignore-output]\n\nfrom lib.course import doctor\n"
 CELL = re.compile(r"```\{code-cell\} ipython3\n(?::tags: \[[^\]]*\]\n)?\n" + re.escape(FIRST_LINE) + r"\n.*?\n```\n\n", re.S)
 
 
@@ -31,7 +31,7 @@ def repository(root: Path = ROOT) -> str:
 
 
 def setup_source(url: str) -> str:
-    """The cell's code: short, read by students; the work is in lib/hosted.py."""
+    """The cell's code: short, read by students; the work is in lib/course/hosted.py."""
     if not isinstance(url, str) or any(c in url for c in "\"'\\{}\n "):
         raise ValueError(f"[tool.onemask] repository must be a plain URL (no quotes, braces, spaces or backslashes), got {url!r}")
     head = [FIRST_LINE, "# In the course's own JupyterLab (`make lab`), or once installed, this does nothing."]
@@ -42,9 +42,9 @@ def setup_source(url: str) -> str:
             'if importlib.util.find_spec("lib") is None:',
             "    raise SystemExit(",
             '        "This lesson needs the course\'s files: download the course (git clone, "',
-            '        "or its zip unpacked here), run `python lib/hosted.py` in its folder (it "',
-            '        "installs only what this Python lacks and keeps its torch), then restart "',
-            '        "the kernel and run this notebook again."',
+            '        "or its zip unpacked here), run `python lib/course/hosted.py` in its "',
+            '        "folder (it installs only what this Python lacks and keeps its torch), "',
+            '        "then restart the kernel and run this notebook again."',
             "    )",
         ])
     return "\n".join(head + [
@@ -61,7 +61,8 @@ def setup_source(url: str) -> str:
         '            f"course here another way, unpacked into {COURSE}, and run this cell again."',
         "        )",
         "    # installs what is missing",
-        '    runpy.run_path(os.path.join(COURSE, "lib", "hosted.py"), run_name="__main__")',
+        '    hosted = os.path.join(COURSE, "lib", "course", "hosted.py")',
+        '    runpy.run_path(hosted, run_name="__main__")',
     ])
 
 

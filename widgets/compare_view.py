@@ -6,7 +6,7 @@
                                       seeds, a bar from the lowest seed to the highest
 
 `results` maps a metric name (a key of METRICS) to {architecture: (xs, ys)}, numbers measured by
-lib.compare (lesson 08 passes its committed record, `lib.bench.compare.explorer_results`). Each y
+lib.course.compare (lesson 08 passes its committed record, `lib.course.bench.compare.explorer_results`). Each y
 is a number or a list of one number per seed: a line then runs through the mean, with a bar from
 the lowest seed to the highest. `overlay` (the same shape, one run) is drawn dotted beside it, each
 trace named with `label` and `overlay_label`. No model code here. Each architecture keeps one

@@ -9,10 +9,9 @@
 `make demo` turns the same registry into one Voilà page per widget (tools/make_gallery.py).
 
 Widgets that draw a trained model (sampling knobs, the SSM state animator, the router animator)
-train a small one with `lib`, seeded, when built (much less than the lessons' runs, so their
-numbers are those of a smaller model): 15 s (sampling, router) to 35 s (SSM) each, measured on a
-two-core machine shared with other heavy jobs, less on an idle one. Each is trained once per
-kernel (`functools.lru_cache`); this module holds no model code, only the calls and the sizes.
+get a small one from `lib.course.demos`, trained when first built (much less than the lessons'
+runs, so their numbers are those of a smaller model): 15 s (sampling, router) to 35 s (SSM)
+each on a two-core machine, once per kernel. This module holds no model code and trains nothing.
 
 Presenter style: `present` wraps the widget in a box of class `onemask-present` with a <style>
 scoped to that class (larger text, taller controls, bigger slider handles, a thick focus ring),
@@ -23,14 +22,12 @@ there; the gallery's Voilà pages each have a kernel of their own).
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from lib.precision import default_dtype
+from lib.course import demos
 
 __all__ = ["GALLERY", "PRESENTER_CSS", "Exhibit", "build", "names", "present", "use_presenter_template"]
 
@@ -75,17 +72,6 @@ class Exhibit:
     builder: Callable[[], object]  # () -> the live ipywidget, at classroom defaults
 
 
-@contextlib.contextmanager
-def _torch_threads(n: int):
-    """Tiny models train faster on one thread (a second one only adds synchronisation)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 # --------------------------------------------------------------------------- builders
 def _mask_explorer():
     from widgets.mask_explorer import MaskExplorer
@@ -99,26 +85,10 @@ def _mlm_corruption():
     return MLMView(prob=0.15).widget
 
 
-@functools.lru_cache(maxsize=1)
-def _char_gpt():
-    """A 2-layer character GPT on the facts corpus, 200 steps (lesson 03 trains a wider one longer)."""
-    from lib.corpus import CharVocab, facts_corpus
-    from lib.gpt import GPT, GPTConfig
-    from lib.train import train_lm
-
-    text = "\n".join(facts_corpus(2000, seed=0)) + "\n"
-    vocab = CharVocab.build(text)
-    with _torch_threads(1), default_dtype(torch.float64):  # the same trained model on every CPU
-        torch.manual_seed(0)
-        gpt = GPT(GPTConfig.tiny(vocab_size=len(vocab), n_layer=2, n_embd=64, block_size=32))
-        train_lm(gpt, vocab.encode(text), steps=200, batch_size=16, lr=6e-3, seed=0)
-    return gpt, vocab
-
-
 def _sampling_knobs():
     from widgets.sampling_knobs import SamplingKnobs
 
-    gpt, vocab = _char_gpt()
+    gpt, vocab = demos.char_gpt()
 
     @torch.no_grad()
     def next_logits(prompt: str) -> torch.Tensor:
@@ -147,30 +117,12 @@ def _tile_schedule():
     return TileSchedule(TileState(T=300)).widget
 
 
-@functools.lru_cache(maxsize=1)
-def _ssm_models():
-    """Selective and fixed-Δ Mamba (2 layers, width 32) on short selective-copying sequences,
-    150 steps each (lesson 06 trains on much longer sequences for 1,200 steps)."""
-    from lib.mamba import MambaConfig, MambaLM
-    from lib.tasks import SelectiveCopying, train_on_task
-
-    task = SelectiveCopying(n_data=3, n_blank=9, n_symbols=8)
-    models = {}
-    with _torch_threads(1), default_dtype(torch.float64):  # the same trained models on every CPU
-        for name, selective in (("selective", True), ("fixed Δ, B, C", False)):
-            torch.manual_seed(0)
-            models[name] = MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2,
-                                               selective=selective))
-            train_on_task(models[name], task, steps=150, batch_size=32, lr=5e-3, seed=0)
-    return task, models
-
-
 def _ssm_state_animator():
     from lib.mamba import trace_states
     from lib.tasks import BLANK, RECALL
     from widgets.ssm_state import SSMStateView
 
-    task, models = _ssm_models()
+    task, models = demos.ssm_models()
     probe, _ = task(1, torch.Generator().manual_seed(7))  # (1, T)
     tokens = task.describe(probe[0]).split()
     traces = {name: trace_states(model, probe, layer=1) for name, model in models.items()}
@@ -188,25 +140,10 @@ def _ssm_state_animator():
     return SSMStateView(tokens, runs, recompute=recompute, text="".join(tokens)).widget
 
 
-@functools.lru_cache(maxsize=1)
-def _moe_runs():
-    """Two small MoE language models (8 experts, top-2), without and with a balance loss (α = 0.1,
-    per layer), 80 steps each (lesson 07 sweeps six α for 150 steps; at α = 1 a layer can still
-    send every token to two experts while its probabilities stay flat, which lesson 07 explains)."""
-    from lib.moe_lm import train_moe_lm
-
-    with _torch_threads(1), default_dtype(torch.float64):  # the same trained models on every CPU
-        records = {alpha: train_moe_lm(alpha, steps=80, seed=0) for alpha in (0.0, 0.1)}
-    return {f"α = {alpha:g}": {"load": rec.load, "loss": rec.loss, "aux_loss": rec.aux_loss,
-                               "assignments": rec.assignments, "assignment_steps": rec.assignment_steps,
-                               "tokens": rec.tokens}
-            for alpha, rec in records.items()}
-
-
 def _router_animator():
     from widgets.router_view import RouterView
 
-    return RouterView(_moe_runs()).widget
+    return RouterView(demos.moe_runs()).widget
 
 
 GALLERY: dict[str, Exhibit] = {e.name: e for e in (

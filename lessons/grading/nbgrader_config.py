@@ -4,12 +4,12 @@
 # From this folder:  nbgrader generate_assignment lesson01
 #                    nbgrader autograde lesson01
 # See the README's "Grading the exercises with nbgrader".
-from lib.exercises.grading import sanitize_preprocessors
+from lib.course.exercises.grading import sanitize_preprocessors
 
 c = get_config()  # noqa: F821 (nbgrader provides it)
 c.CourseDirectory.course_id = "onemask"
 # A graded cell runs the lesson's check; a lesson cell may train a small model for a minute.
 c.Execute.timeout = 300
 # A cell the student deleted is put back from the released notebook, with a note, and the log
-# names it (lib.exercises.grading.RestoreMissingCells); the exercise is then graded as usual.
+# names it (lib.course.exercises.grading.RestoreMissingCells); the exercise is then graded as usual.
 c.Autograde.sanitize_preprocessors = sanitize_preprocessors()

@@ -17,7 +17,7 @@ refuse to run with a message saying so.
 """
 
 # The attention kernel's names are read from lib.kernels.flash on first use (PEP 562), so that
-# importing a submodule that does not need triton (scan_cpu, which lib.doctor asks for its status)
+# importing a submodule that does not need triton (scan_cpu, which lib.course.doctor asks for its status)
 # does not import triton and fix its interpreter mode early.
 _FLASH_NAMES = (
     "SUPPORTED_HEAD_DIMS",

@@ -3,7 +3,7 @@
 Decoding one token multiplies every weight matrix by one vector: each weight is read from memory
 once and used for one multiply-add, so the step takes as long as reading the weights (it is
 memory-bound). How fast PyTorch's CPU product reads them depends on how the matrix is stored
-(`python -m lib.bench.decode` measures it on your machine):
+(`python -m lib.course.bench.decode` measures it on your machine):
 
 - `F.linear(x, W)` with W (out, in) stored row by row, as `nn.Linear` keeps it, runs the BLAS's
   dot-product GEMV on one thread, whatever torch's thread count;

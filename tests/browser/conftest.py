@@ -154,7 +154,7 @@ def lab_server(tmp_path_factory):
     and executed outputs never touch the committed notebooks).
 
     `ONEMASK_LAB_KERNEL_ENV` ("NAME=value NAME=value", as `make test-browser` sets it) goes into
-    the kernels' environment: nbval's numerics and `lib.training_cache`'s directory, so that the
+    the kernels' environment: nbval's numerics and `lib.course.training_cache`'s directory, so that the
     lessons' trainings replay what nbval recorded instead of running a second time."""
     work = tmp_path_factory.mktemp("lab")
     shutil.copytree(ROOT / "lessons", work / "lessons", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))

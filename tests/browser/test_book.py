@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lib.course import LESSONS
+from lib.course.lessons import LESSONS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ both the lesson's cells in a real browser and that unsolved exercises answer wit
 traceback. The lessons themselves, solutions included, run under nbval (`make test-lessons`),
 which also compares their outputs with the stored ones.
 
-Under `make test` the kernels get nbval's numerics and `lib.training_cache`'s directory
+Under `make test` the kernels get nbval's numerics and `lib.course.training_cache`'s directory
 (`ONEMASK_LAB_KERNEL_ENV`, see conftest.py): every training run nbval has just made is replayed
 here bit for bit (the same trained model, the same loss curve drawn again), so the suite trains
 each lesson's models once. Run alone, this file trains them for real.
@@ -21,7 +21,7 @@ import pytest
 
 from drawn import DRAWN_JS, difference, drawn_data_of_json, plain
 from lab_js import ALL_CELLS_RUN_JS
-from lib.course import LESSONS
+from lib.course.lessons import LESSONS
 
 LANDED = [f"exercises/{lesson.stem}.ipynb" for lesson in LESSONS if lesson.landed()]
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-import lib.exercises.build01 as checks
+import lib.course.exercises.build01 as checks
 from lib.attention import attention_ref, attention_weights, safe_softmax
 
 NEG_INF = float("-inf")

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import lib.exercises.build02 as checks
+import lib.course.exercises.build02 as checks
 from lib.attention import safe_softmax
 
 

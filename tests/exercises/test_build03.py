@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import lib.exercises.build03 as checks
+import lib.course.exercises.build03 as checks
 
 
 # --------------------------------------------------------------------------- the solutions

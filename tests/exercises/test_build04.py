@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-import lib.exercises.build04 as checks
+import lib.course.exercises.build04 as checks
 from lib.kv_cache import kv_cache_bytes
 from lib.llama import LlamaConfig
 from lib.rope import apply_rope, rope_cos_sin
@@ -440,7 +440,7 @@ def test_the_loop_check_drives_smollm2_and_prints_its_text(capsys):
 
 def test_the_learners_parts_assemble_into_a_decoder_that_matches_lib():
     """The tiny Llama rebuilt from the solutions' cache and attention layer gives lib's logits."""
-    from lib.exercises.build03 import TINY, tiny_llama
+    from lib.course.exercises.build03 import TINY, tiny_llama
 
     model = tiny_llama(TINY, 0)
     layers = []

@@ -1,4 +1,4 @@
-"""Build track 05's checks (lib.exercises.build05): each passes its solution, refuses the stub, and names
+"""Build track 05's checks (lib.course.exercises.build05): each passes its solution, refuses the stub, and names
 the mistake in at least three plausible wrong versions of its step."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-import lib.exercises.build05 as checks
+import lib.course.exercises.build05 as checks
 from lib.attention import attention_ref
 
 NEG_INF = float("-inf")

@@ -1,4 +1,4 @@
-"""Build track 06's checks (lib.exercises.build06): each passes its solution, refuses the stub, and
+"""Build track 06's checks (lib.course.exercises.build06): each passes its solution, refuses the stub, and
 names the mistake in at least three plausible wrong versions of its step."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import lib.exercises.build06 as checks
+import lib.course.exercises.build06 as checks
 from lib.mamba import MambaMixer
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import lib.exercises.build07 as checks
+import lib.course.exercises.build07 as checks
 from lib.moe import MoE, route_top_k, load_balancing_loss, moe_from_mixtral
 
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import lib.exercises.build08 as checks
-from lib.exercises import CheckReport
-from lib.exercises.build08 import (RECALL_RECIPE, RECALL_TASK, HybridConfig, LibDecoderBlock, LibMoE, PartSpec,
+import lib.course.exercises.build08 as checks
+from lib.course.exercises import CheckReport
+from lib.course.exercises.build08 import (RECALL_RECIPE, RECALL_TASK, HybridConfig, LibDecoderBlock, LibMoE, PartSpec,
                                    lib_parts, student_parts)
 from lib.mamba import MambaMixer
 

@@ -13,7 +13,7 @@ import pytest
 from nbclient import NotebookClient
 
 from exercise_helpers import ROOT, assert_names_the_mistake, assert_passes_and_refuses_the_stub, load_tool
-from lib.course import LESSONS
+from lib.course.lessons import LESSONS
 
 BUILD = ROOT / "lessons" / "build"
 TRACKS = sorted(BUILD.glob("[0-9][0-9]-*.md"))
@@ -22,9 +22,9 @@ MIN_WRONG_VERSIONS = 3
 
 
 def track_modules():
-    """(NN, lib.exercises.buildNN, tests/exercises/test_buildNN) for every track: the checks, and
+    """(NN, lib.course.exercises.buildNN, tests/exercises/test_buildNN) for every track: the checks, and
     the module that holds their SOLUTIONS and WRONG_VERSIONS."""
-    return [(t.name[:2], importlib.import_module(f"lib.exercises.build{t.name[:2]}"),
+    return [(t.name[:2], importlib.import_module(f"lib.course.exercises.build{t.name[:2]}"),
              importlib.import_module(f"test_build{t.name[:2]}")) for t in TRACKS]
 
 
@@ -70,14 +70,14 @@ def test_each_step_states_difficulty_minutes_and_points_and_holds_one_checked_so
     nb = jupytext.read(track)
     cells = step_cells(nb)
     assert len(cells) == len(found), "each step has exactly one solution cell ending with its check"
-    module = importlib.import_module(f"lib.exercises.build{track.name[:2]}")
+    module = importlib.import_module(f"lib.course.exercises.build{track.name[:2]}")
     called = {re.search(r"^(check_\w+)\(", c.source, re.M).group(1) for c in cells}
     assert called == set(module.__all__), "the track calls every check of its module, and only those"
 
 
 @pytest.mark.parametrize("track", TRACKS, ids=lambda p: p.stem)
 def test_the_track_test_module_shows_each_check_failing_on_three_wrong_versions(track):
-    module = importlib.import_module(f"lib.exercises.build{track.name[:2]}")
+    module = importlib.import_module(f"lib.course.exercises.build{track.name[:2]}")
     tests = importlib.import_module(f"test_build{track.name[:2]}")
     assert set(tests.SOLUTIONS) == set(module.__all__), "a solution per check"
     for name in module.__all__:

@@ -17,7 +17,7 @@ pytest.importorskip("nbgrader")  # in the dev lock; a student's install has no g
 
 from nbgrader.api import Gradebook  # noqa: E402
 
-from lib.exercises.grading import MISSING_NOTE, grade_id  # noqa: E402
+from lib.course.exercises.grading import MISSING_NOTE, grade_id  # noqa: E402
 
 GRADING = ROOT / "lessons" / "grading"
 

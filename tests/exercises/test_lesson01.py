@@ -7,9 +7,9 @@ import torch
 
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
 from lib.attention import attention_ref
-from lib.exercises import CheckReport
+from lib.course.exercises import CheckReport
 from lib.masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
-from lib.exercises.lesson01 import check_causal_mask, check_cross_attention_mask, check_masked_attention
+from lib.course.exercises.lesson01 import check_causal_mask, check_cross_attention_mask, check_masked_attention
 
 
 # ---------------------------------------------------------------- exercise 1.1

@@ -8,7 +8,7 @@ import torch
 
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
 from lib.bert import mean_pool, mlm_corrupt
-from lib.exercises.lesson02 import check_mean_pool, check_mlm_corrupt, check_padding_mask
+from lib.course.exercises.lesson02 import check_mean_pool, check_mlm_corrupt, check_padding_mask
 from lib.masks import padding_mask
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
-from lib.exercises.lesson03 import (
+from lib.course.exercises.lesson03 import (
     check_clm_loss, check_repetition_penalty, check_rope, check_top_p_filter, repetition_penalty_ref,
 )
 from lib.gpt import clm_loss

@@ -8,7 +8,7 @@ import torch
 
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
 from lib.attention import attention, attention_ref
-from lib.exercises.lesson04 import check_cache_update, check_gqa_attention, check_kv_cache_bytes
+from lib.course.exercises.lesson04 import check_cache_update, check_gqa_attention, check_kv_cache_bytes
 from lib.kv_cache import kv_cache_bytes
 
 

@@ -6,7 +6,7 @@ import torch
 
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
 from lib.attention import online_softmax_update
-from lib.exercises.lesson05 import (
+from lib.course.exercises.lesson05 import (
     check_key_block_bounds, check_merge_attention, check_online_softmax_update, check_row_logsumexp,
 )
 from lib.kernels import key_block_bounds

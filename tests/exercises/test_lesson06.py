@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
 from lib.conv import causal_conv1d, causal_conv1d_ref
-from lib.exercises.lesson06 import check_causal_conv1d, check_discretize, check_scan_combine, check_ssm_step
+from lib.course.exercises.lesson06 import check_causal_conv1d, check_discretize, check_scan_combine, check_ssm_step
 from lib.scan import discretize, scan_combine
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
-from lib.exercises.lesson07 import check_balance_loss, check_expert_capacity, check_router_z_loss, check_top_k_gating
+from lib.course.exercises.lesson07 import check_balance_loss, check_expert_capacity, check_router_z_loss, check_top_k_gating
 from lib.moe import expert_capacity, load_balancing_loss, router_z_loss
 
 

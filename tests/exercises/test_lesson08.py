@@ -6,7 +6,7 @@ import torch
 
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub
 from lib.decode import decode_state_bytes
-from lib.exercises.lesson08 import check_decode_state_bytes, check_recall_batch, decode_state_bytes_ref
+from lib.course.exercises.lesson08 import check_decode_state_bytes, check_recall_batch, decode_state_bytes_ref
 from lib.gpt import GPTConfig
 from lib.hybrid import HybridGPT
 from lib.mamba import MambaConfig

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 from exercise_helpers import ROOT, LESSONS, load_tool
-from lib.exercises import ANSWERED_BY
+from lib.course.exercises import ANSWERED_BY
 
 
 def test_stub_generation_replaces_the_solution_block_at_its_indentation():
@@ -92,7 +92,7 @@ GETSOURCE = re.compile(r"inspect\.getsource\(([\w.]+)\)")
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_each_exercise_comes_before_the_cell_that_prints_its_answer(lesson):
     """Predict, then reveal: a lesson cell printing the library code that answers an exercise
-    (lib.exercises.ANSWERED_BY) comes after that exercise and is tagged `answer`, so the
+    (lib.course.exercises.ANSWERED_BY) comes after that exercise and is tagged `answer`, so the
     exercise notebook hides it."""
     answered = {}
     for check, (module, qualname) in ANSWERED_BY.items():
@@ -153,7 +153,7 @@ def test_graded_cells_pass_the_solution_and_fail_a_wrong_answer():
 
     import torch
 
-    import lib.exercises.lesson01 as checks
+    import lib.course.exercises.lesson01 as checks
 
     tool = load_tool("make_exercises")
     lesson = next(p for p in LESSONS if p.name.startswith("01-"))

@@ -1,8 +1,8 @@
-"""A tiny lib.compare setting, shared by the tests of lib.compare and lib.bench.compare."""
+"""A tiny lib.course.compare setting, shared by the tests of lib.course.compare and lib.course.bench.compare."""
 
 import dataclasses
 
-from lib.compare import ARCHITECTURES, SETTINGS, Recipe
+from lib.course.compare import ARCHITECTURES, SETTINGS, Recipe
 
 TINY = dataclasses.replace(SETTINGS["default"], name="tiny", d_model=32,
                            recall={name: Recipe(steps=3, batch_size=4, lr=1e-3) for name in ARCHITECTURES},

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from lib.bench.attention import (PUBLISHED_PEAKS, attention_flops, flash_traffic, main, markdown, naive_traffic,
+from lib.course.bench.attention import (PUBLISHED_PEAKS, attention_flops, flash_traffic, main, markdown, naive_traffic,
                                  published_card, roofline_ms, run)
-from lib.bench.memory import peak_rss_mib, peak_rss_table
+from lib.course.bench.memory import peak_rss_mib, peak_rss_table
 from lib.kernels import count_visited_tiles
 
 
@@ -29,7 +29,7 @@ def test_cpu_run_times_every_backend_and_says_it_is_scaled_down(tmp_path):
     assert table.count("\n| ") == 1 + len(results["rows"])  # header + one line per row
     out = tmp_path / "r.json"
     main(["--seq", "16", "--layers", "1", "--repeats", "1", "--out", str(out)])
-    assert json.loads(out.read_text())["generated_by"] == "python -m lib.bench.attention"
+    assert json.loads(out.read_text())["generated_by"] == "python -m lib.course.bench.attention"
 
 
 def test_naive_traffic_counts_every_pass_and_its_intensity_does_not_grow_with_s():
@@ -81,7 +81,7 @@ def test_peak_memory_of_naive_attention_grows_quadratically_and_chunked_stays_sm
 
 
 def test_load_record_reads_committed_records_and_refuses_paths():
-    from lib.bench import BENCHMARKS, load_record
+    from lib.course.bench import BENCHMARKS, load_record
 
     names = sorted(p.stem for p in BENCHMARKS.glob("*.json"))
     assert names, "benchmarks/ holds the committed records"
@@ -108,7 +108,7 @@ def test_published_card_matches_model_numbers_not_brands():
 def test_committed_gpu_attention_record_is_consistent_with_its_own_flop_count():
     # A GPU record is produced elsewhere (tools/gpu_checks.sh); its TFLOP/s must be its FLOP count
     # over its time, by the convention this module states, and stay below the card's peak.
-    from lib.bench import load_record
+    from lib.course.bench import load_record
 
     record = load_record("attention_gpu")
     if record is None:

@@ -1,4 +1,4 @@
-"""lib.bench.compare: a whole (tiny) comparison run and state sweep, its records, and decoding
+"""lib.course.bench.compare: a whole (tiny) comparison run and state sweep, its records, and decoding
 times measured side by side."""
 
 import dataclasses
@@ -8,10 +8,10 @@ import time
 import pytest
 import torch
 
-import lib.bench
-import lib.bench.compare as bench
-import lib.compare as compare
-from lib.compare import ARCHITECTURES, build_models
+import lib.course.bench
+import lib.course.bench.compare as bench
+import lib.course.compare as compare
+from lib.course.compare import ARCHITECTURES, build_models
 from lib.gpt import GPT, GPTConfig
 from lib.mamba import SelectiveSSM
 from compare_builders import TINY
@@ -44,10 +44,10 @@ def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
     monkeypatch.setitem(compare.SETTINGS, "tiny", TINY)
     [path] = bench.main(["--setting", "tiny", "--jobs", "2", "--no-timing", "--out", str(tmp_path / "r.json")])
     saved = json.loads(path.read_text())
-    assert saved["command"] == "python -m lib.bench.compare --setting tiny --jobs 2 --no-timing"
+    assert saved["command"] == "python -m lib.course.bench.compare --setting tiny --jobs 2 --no-timing"
     assert "seconds_per_token" not in saved and saved["recall_accuracy"] == out["recall_accuracy"]
-    assert saved["setting"]["recall"]["GPT"]["lr"] == 1e-3 and saved["machine"]["torch_threads"] == 1 and saved["generated_by"] == "python -m lib.bench.compare"
-    monkeypatch.setattr(lib.bench, "BENCHMARKS", tmp_path)
+    assert saved["setting"]["recall"]["GPT"]["lr"] == 1e-3 and saved["machine"]["torch_threads"] == 1 and saved["generated_by"] == "python -m lib.course.bench.compare"
+    monkeypatch.setattr(lib.course.bench, "BENCHMARKS", tmp_path)
     assert bench.load_results("full") is None
     # one command writes several records, each saying the command that writes it alone
     monkeypatch.setitem(compare.SETTINGS, "tinystate", dataclasses.replace(TINY, name="tinystate", seeds=(0,)))
@@ -56,7 +56,7 @@ def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
     paths = bench.main(["--setting", "tiny", "tinystate", "--jobs", "1", "--no-timing"])
     assert [p.name for p in paths] == ["compare_tiny.json", "compare_tinystate.json"]
     sweep = json.loads(paths[1].read_text())
-    assert sweep["command"] == "python -m lib.bench.compare --setting tinystate --jobs 1"
+    assert sweep["command"] == "python -m lib.course.bench.compare --setting tinystate --jobs 1"
     assert list(sweep["recall_accuracy"]) == ["GPT", "Mamba (d_state 2)"] and "copy_accuracy" not in sweep
     with pytest.raises(SystemExit):
         bench.main(["--setting", "tiny", "tinystate", "--out", str(tmp_path / "r.json")])

@@ -1,4 +1,4 @@
-"""python -m lib.bench.decode: its baseline is transformers' Llama with our weights (same logits), its
+"""python -m lib.course.bench.decode: its baseline is transformers' Llama with our weights (same logits), its
 byte count is the weights plus the cache read, its timer sees every decode step, and a tiny run
 writes a record with both ratios and the profile."""
 
@@ -6,7 +6,7 @@ import json
 
 import torch
 
-import lib.bench.decode as bench
+import lib.course.bench.decode as bench
 from lib.decode import generate
 from lib.llama import Llama, LlamaConfig
 
@@ -50,7 +50,7 @@ def test_a_tiny_run_writes_the_record(tmp_path):
     out = tmp_path / "decode.json"
     bench.main(["--new-tokens", "3", "--prompt", "8", "--repeats", "1", "--out", str(out)])
     r = json.loads(out.read_text())
-    assert r["generated_by"] == "python -m lib.bench.decode" and r["same_tokens_as_transformers"] is True
+    assert r["generated_by"] == "python -m lib.course.bench.decode" and r["same_tokens_as_transformers"] is True
     assert r["bytes_read_per_decode_step"] == r["model"]["weight_bytes"] + int(9.5 * 46_080)
     assert set(r["goals"]) == {"at_least_1x_transformers", "at_least_70_percent_of_read_bandwidth"}
     # the fraction is computed before the GB/s figures are rounded to 0.1

@@ -1,4 +1,4 @@
-"""lib.bench.moe_balance: one run summarised at the lesson's length (losses, per-layer f and P, drops
+"""lib.course.bench.moe_balance: one run summarised at the lesson's length (losses, per-layer f and P, drops
 at the capacity factor) equals a run trained that long,
 the collapse rule, the command's record, bad input."""
 
@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-import lib.bench.moe_balance as mb
-from lib.bench.moe_balance import CAPACITY_FACTOR, COLLAPSE_BUSIEST, collapsed, run, train_one
+import lib.course.bench.moe_balance as mb
+from lib.course.bench.moe_balance import CAPACITY_FACTOR, COLLAPSE_BUSIEST, collapsed, run, train_one
 from lib.moe_lm import drop_rate, train_moe_lm
-from lib.precision import default_dtype
+from lib.course.precision import default_dtype
 
 TINY = dict(n_layer=1, n_embd=16, n_head=2, d_ff=16, num_experts=4, batch_size=2, seq_len=8)
 
@@ -58,7 +58,7 @@ def test_the_command_writes_a_record(tmp_path, monkeypatch):
     # one layer: the pooled loss is the per-layer one, and so is the run
     assert pooled[0]["at_end"] == record["results"][1]["at_end"]
     assert record["steps"] == 12 and record["lesson_steps"] == 12 and record["machine"]["torch_threads"] == 1
-    assert record["generated_by"] == "python -m lib.bench.moe_balance"
+    assert record["generated_by"] == "python -m lib.course.bench.moe_balance"
     monkeypatch.setattr(mb, "ALPHAS", (0.01,))
     monkeypatch.setattr(mb, "POOLED_ALPHAS", ())
     monkeypatch.setattr(mb, "train_one", lambda alpha, seed, steps, **kw: {"alpha": alpha, "seed": seed,

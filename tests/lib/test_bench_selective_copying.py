@@ -1,4 +1,4 @@
-"""lib.bench.selective_copying: the record's grid of runs, models built as lesson 06 builds them,
+"""lib.course.bench.selective_copying: the record's grid of runs, models built as lesson 06 builds them,
 one run trained and measured reproducibly, the command's record, bad input."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-import lib.bench.selective_copying as sc
-from lib.bench.selective_copying import LESSON, LONG_STEPS, SEEDS, SHORTER_BLANKS, CopyRun, build, run, runs, train_one
+import lib.course.bench.selective_copying as sc
+from lib.course.bench.selective_copying import LESSON, LONG_STEPS, SEEDS, SHORTER_BLANKS, CopyRun, build, run, runs, train_one
 from lib.mamba import MambaLM
 
 
@@ -55,7 +55,7 @@ def test_the_command_writes_a_record(tmp_path, monkeypatch):
     record = run((0,), threads=1, progress=lines.append)
     assert [r["selective"] for r in record["results"]] == [True, False] and len(lines) == 2
     assert record["lesson"] == LESSON and record["long_steps"] == LONG_STEPS and record["seeds"] == [0]
-    assert record["machine"]["torch_threads"] == 1 and record["generated_by"] == "python -m lib.bench.selective_copying"
+    assert record["machine"]["torch_threads"] == 1 and record["generated_by"] == "python -m lib.course.bench.selective_copying"
     out = tmp_path / "record.json"
     sc.main(["--seeds", "0", "--threads", "1", "--out", str(out)])
     assert json.loads(out.read_text())["results"][0]["n_blank"] == 2

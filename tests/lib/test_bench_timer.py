@@ -1,10 +1,10 @@
-"""lib.bench.timer: each measurement is one call, runs are timed alternately, bad input is refused."""
+"""lib.course.bench.timer: each measurement is one call, runs are timed alternately, bad input is refused."""
 
 import time
 
 import pytest
 
-from lib.bench.timer import seconds, side_by_side, stopwatch
+from lib.course.bench.timer import seconds, side_by_side, stopwatch
 
 
 def test_one_call_per_measurement_after_the_warmup():

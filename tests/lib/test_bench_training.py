@@ -1,4 +1,4 @@
-"""lib.bench.training: the training-step benchmark trains copies (the models passed in are left as
+"""lib.course.bench.training: the training-step benchmark trains copies (the models passed in are left as
 they were), gives every model the same batches, counts the tokens it was timed on, builds each
 lesson's models as the lesson does (size, dtype), and refuses bad input by name."""
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from lib.bench.training import LESSONS, lesson_cases, main, training_throughput
+from lib.course.bench.training import LESSONS, lesson_cases, main, training_throughput
 from lib.gpt import GPT, GPTConfig
 
 
@@ -61,7 +61,7 @@ def test_the_command_writes_a_record(tmp_path, capsys):
     (row,) = record["results"]
     assert row["lesson"] == "06" and row["model"] == "Mamba" and len(row["seconds"]) == 2
     assert record["machine"]["torch_threads"] == 1 and record["machine"]["device"]
-    assert record["generated_by"] == "python -m lib.bench.training"
+    assert record["generated_by"] == "python -m lib.course.bench.training"
     assert "| 06 | Mamba | float64 |" in capsys.readouterr().out
 
 
@@ -82,7 +82,7 @@ def test_bad_input_is_refused_by_name():
 def test_relative_step_times_pair_the_steps_of_one_batch():
     """The median over rounds of paired ratios: a long batch is divided by the long batch's step,
     never by another batch's (a ratio of the two medians would give 1.0 here)."""
-    from lib.bench.training import relative_step_times
+    from lib.course.bench.training import relative_step_times
 
     timed = {"GPT": {"seconds": [1.0, 2.0, 4.0]}, "Mamba": {"seconds": [1.5, 2.0, 100.0]}}
     assert relative_step_times(timed, "GPT") == {"GPT": 1.0, "Mamba": 1.5}
@@ -93,7 +93,7 @@ def test_relative_step_times_pair_the_steps_of_one_batch():
 
 
 def test_torch_threads_sets_and_restores_the_count_even_on_error():
-    from lib.bench import load_average, torch_threads
+    from lib.course.bench import load_average, torch_threads
 
     before = torch.get_num_threads()
     with torch_threads(1) as used:

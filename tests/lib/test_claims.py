@@ -1,4 +1,4 @@
-"""The claims registry (lib.claims) and the ledger built from the executed lessons
+"""The claims registry (lib.course.claims) and the ledger built from the executed lessons
 (tools/build_claims.py -> book/claims.md)."""
 
 import importlib.util
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lib.claims import (MIMETYPE, REQUIRED, SCALE, VERDICTS, Claim, arithmetic_if, check_required, claim,
+from lib.course.claims import (MIMETYPE, REQUIRED, SCALE, VERDICTS, Claim, arithmetic_if, check_required, claim,
                         claims_in_notebook, needs_gpu, not_measurable, partly_reproduced_if, reproduced_if)
-from lib.claims import _verdict  # tests build every verdict directly; lessons go through the helpers
+from lib.course.claims import _verdict  # tests build every verdict directly; lessons go through the helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("build_claims", ROOT / "tools" / "build_claims.py")
@@ -164,7 +164,7 @@ def test_ledger_build_fails_loudly_without_a_required_claim(tmp_path):
 
 
 def test_verdict_summary_lists_each_claim_made_in_this_process_once_with_its_latest_verdict():
-    from lib.claims import registered, verdict_summary
+    from lib.course.claims import registered, verdict_summary
 
     claim("test-verdicts-a", "A holds", source="test", verdict=reproduced_if(True), evidence="measured a")
     claim("test-verdicts-b", "B holds", source="test", verdict=reproduced_if(False), evidence="measured b")
@@ -176,7 +176,7 @@ def test_verdict_summary_lists_each_claim_made_in_this_process_once_with_its_lat
 
 def test_verdict_summary_lists_timed_claims_without_their_verdict():
     """A verdict decided by wall time can flip on a busy machine: the compared summary names it only."""
-    from lib.claims import verdict_summary
+    from lib.course.claims import verdict_summary
 
     claim("test-timed-a", "A is slower", source="test", verdict=reproduced_if(True), evidence="1.3x the time")
     claim("test-timed-b", "B is smaller", source="test", verdict=reproduced_if(True), evidence="half the bytes")

@@ -1,4 +1,4 @@
-"""lib.compare: the four matched models, their recipes and tasks, the FLOP counter, and the
+"""lib.course.compare: the four matched models, their recipes and tasks, the FLOP counter, and the
 judging of several seeds."""
 
 import dataclasses
@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-import lib.compare as compare
-from lib.compare import (ARCHITECTURES, MixedTask, Recipe, active_parameters, build_models, expert_scaling,
+import lib.course.compare as compare
+from lib.course.compare import (ARCHITECTURES, MixedTask, Recipe, active_parameters, build_models, expert_scaling,
                          forward_flops, parameter_table, scaling_exponent, train_all)
 from lib.gpt import GPTConfig
 from lib.gpt import forward_flops as gpt_formula
@@ -138,7 +138,7 @@ def test_each_model_trains_with_its_own_recipe():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="setting must be a Setting or one of"):
         build_models("huge", 10)
-    with pytest.raises(TypeError, match="setting must be a lib.compare.Setting"):
+    with pytest.raises(TypeError, match="setting must be a lib.course.compare.Setting"):
         build_models(3, 10)
     with pytest.raises(ValueError, match="vocab_size must be >= 1"):
         build_models("default", 0)

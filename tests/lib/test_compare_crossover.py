@@ -5,7 +5,7 @@ brute-force scan of the counter."""
 import pytest
 import torch
 
-from lib.compare import attention_crossover, attention_flop_split, build_models
+from lib.course.compare import attention_crossover, attention_flop_split, build_models
 from lib.gpt import GPT, GPTConfig
 from lib.moe_lm import moe_gpt
 

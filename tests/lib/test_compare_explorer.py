@@ -7,7 +7,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from lib.bench.compare import explorer_results, load_results
+from lib.course.bench.compare import explorer_results, load_results
 from widgets.compare_view import CompareView
 
 LESSON = Path(__file__).resolve().parents[2] / "lessons" / "08-architectures-compared.md"

@@ -1,4 +1,4 @@
-"""lib.course's sizing: what a class needs, from the recorded peaks (the teachers' page's table is it),
+"""lib.course.lessons's sizing: what a class needs, from the recorded peaks (the teachers' page's table is it),
 and the README's lesson table, generated from the lessons and their recorded compute times."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.course import HEADROOM, LESSONS, READING_WPM, build_minutes, class_needs, lessons_markdown, measured, sizing_markdown, study_minutes
+from lib.course.lessons import HEADROOM, LESSONS, READING_WPM, build_minutes, class_needs, lessons_markdown, measured, sizing_markdown, study_minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 

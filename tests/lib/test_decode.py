@@ -11,7 +11,7 @@ from lib.hybrid import HybridGPT
 from lib.kv_cache import KVCache
 from lib.mamba import MambaConfig, MambaLM, state_bytes
 from lib.moe_lm import moe_gpt
-from lib.precision import default_dtype
+from lib.course.precision import default_dtype
 
 
 def tiny_hybrid(pattern="MAM"):

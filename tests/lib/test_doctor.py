@@ -1,11 +1,11 @@
-"""lib.doctor reports this machine and every lesson; the course map numbers the lessons in order."""
+"""lib.course.doctor reports this machine and every lesson; the course map numbers the lessons in order."""
 
 import io
 
 import torch
 
-from lib import doctor
-from lib.course import LESSONS
+from lib.course import doctor
+from lib.course.lessons import LESSONS
 
 
 def test_doctor_reports_this_machine_and_every_lesson():
@@ -27,7 +27,7 @@ def test_doctor_runs_as_a_module():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "lib.doctor"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "lib.course.doctor"], capture_output=True, text=True, check=True).stdout
     assert out.startswith("One Mask capability check")
 
 
@@ -39,7 +39,7 @@ def test_course_map_numbers_lessons_in_order():
 def test_doctor_warns_where_a_lesson_needs_more_memory_than_this_server():
     from dataclasses import replace
 
-    from lib.course import measured
+    from lib.course.lessons import measured
 
     runs = {stem: r["peak_rss_mib"] for stem, r in measured().items() if r.get("peak_rss_mib")}
     assert runs, "make notebooks records each lesson's peak memory"

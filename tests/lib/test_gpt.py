@@ -424,7 +424,7 @@ def test_foreach_adamw_trains_the_same_bits_as_the_per_tensor_loop(loop, monkeyp
     """The training loops run AdamW's for-each implementation on a CPU too (PyTorch's default
     there is a Python loop over the tensors, slow for models of many small tensors): it must not
     change a single bit of the trained weights, so stored lesson outputs hold either way."""
-    from lib.precision import default_dtype
+    from lib.course.precision import default_dtype
     from lib.mamba import MambaConfig, MambaLM
     from lib.tasks import SelectiveCopying, train_on_task
 

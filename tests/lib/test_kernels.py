@@ -285,7 +285,7 @@ def test_import_order_the_doctor_first_works_and_triton_first_is_refused_clearly
     script = (
         "import sys, torch\n"
         "if sys.argv[1] == 'triton-first': import triton\n"
-        "from lib import doctor\n"
+        "from lib.course import doctor\n"
         "doctor.capabilities()\n"
         "assert sys.argv[1] == 'triton-first' or 'triton' not in sys.modules, 'the doctor imported triton'\n"
         "from lib.kernels import flash_attention\n"

@@ -235,7 +235,7 @@ def test_traced_delta_is_the_step_size_the_layers_scan_used(monkeypatch):
 def test_traced_states_of_a_float64_model_stay_float64():
     """trace_states recomputes in the model's dtype (at least fp32): a float64 model, as the lessons
     train, is traced in float64 and its recomputation reproduces the layer to float64 rounding."""
-    from lib.precision import default_dtype
+    from lib.course.precision import default_dtype
 
     with default_dtype(torch.float64):
         torch.manual_seed(0)
@@ -305,7 +305,7 @@ def test_mamba_lm_is_hugging_faces_mamba_for_causal_lm(scan):
 def test_a_float64_model_keeps_every_parameter_in_float64_and_a_half_default_keeps_A_in_fp32():
     """A_log follows the default dtype, so a float64 model trains in float64 throughout; a half default
     keeps A in float32, as the official code does."""
-    from lib.precision import default_dtype
+    from lib.course.precision import default_dtype
 
     with default_dtype(torch.float64):
         model = MambaLM(MambaConfig(vocab_size=10, d_model=16, n_layers=1))

@@ -4,7 +4,7 @@ inner size, with and without a bias, forward and backward; it splits only what i
 import pytest
 import torch
 
-from lib.bench import torch_threads
+from lib.course.bench import torch_threads
 from lib.kernels.matvec import MAX_SPLIT_ROWS, column_major, is_column_major, linear, linear_ref, split_parts
 
 # fp32: P partial sums of K/P products each, added, against one BLAS dot product of K; both round

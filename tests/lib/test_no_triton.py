@@ -34,7 +34,7 @@ def test_a_kernel_defined_with_the_stand_ins_refuses_to_launch_with_the_message(
 
 
 def test_the_triton_exercise_check_says_what_is_missing(monkeypatch):
-    from lib.exercises.lesson05 import check_row_logsumexp
+    from lib.course.exercises.lesson05 import check_row_logsumexp
     from lib.kernels import runtime
 
     monkeypatch.setattr(runtime, "kernel_mode", lambda: "unavailable")

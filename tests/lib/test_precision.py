@@ -1,10 +1,10 @@
-"""lib.precision: results printed at the precision they have."""
+"""lib.course.precision: results printed at the precision they have."""
 
 import math
 
 import pytest
 
-from lib.precision import below, mean_spread, significant
+from lib.course.precision import below, mean_spread, significant
 
 
 @pytest.mark.parametrize("value, bound, text", [(0.0, 1e-5, "below 1e-5"), (2.4e-6, 1e-5, "below 1e-5"),
@@ -58,7 +58,7 @@ def test_mean_spread_is_mean_and_sample_standard_deviation():
 def test_default_dtype_sets_and_restores_the_default_even_on_error():
     import torch
 
-    from lib.precision import default_dtype
+    from lib.course.precision import default_dtype
 
     assert torch.get_default_dtype() == torch.float32
     with default_dtype(torch.float64):

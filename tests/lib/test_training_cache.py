@@ -1,4 +1,4 @@
-"""lib.training_cache: a replayed run is the real run, bit for bit, and a run that differs in
+"""lib.course.training_cache: a replayed run is the real run, bit for bit, and a run that differs in
 anything the result depends on is never replayed."""
 
 import copy
@@ -9,10 +9,10 @@ import lib.moe_lm
 import lib.train
 from lib.gpt import GPT, GPTConfig
 from lib.train import train_lm
-from lib.precision import default_dtype
+from lib.course.precision import default_dtype
 from lib.moe_lm import moe_gpt, router_logits_of, train_moe_lm
 from lib.tasks import SelectiveCopying, train_on_task
-from lib.training_cache import ENV_DIR, ENV_MODE, Unfingerprintable, cache_dir, run_key
+from lib.course.training_cache import ENV_DIR, ENV_MODE, Unfingerprintable, cache_dir, run_key
 
 DATA = torch.arange(400) % 23  # a 1-D token stream, vocab 23
 KW = dict(steps=6, batch_size=4, seq_len=16, lr=3e-3, seed=0)
@@ -262,7 +262,7 @@ def test_a_callback_given_more_than_a_loss_is_not_replayed(cache, monkeypatch):
 
 
 def test_a_change_to_lib_source_is_a_new_key(tmp_path, monkeypatch):
-    import lib.training_cache as tc
+    import lib.course.training_cache as tc
 
     (tmp_path / "gpt.py").write_text("x = 1\n")
     monkeypatch.setattr(tc, "_LIB", tmp_path)

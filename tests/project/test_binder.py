@@ -203,7 +203,7 @@ def test_the_sample_hub_config_is_sized_from_the_recorded_lessons():
     import yaml
 
     sys.path.insert(0, str(ROOT))
-    from lib.course import class_needs
+    from lib.course.lessons import class_needs
 
     spec = importlib.util.spec_from_file_location("make_binder", ROOT / "tools" / "make_binder.py")
     tool = importlib.util.module_from_spec(spec)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from lib.course import LESSONS
+from lib.course.lessons import LESSONS
 
 BOOK = Path(__file__).resolve().parents[2] / "book"
 PREREQUISITES = yaml.safe_load((BOOK / "prerequisites.yml").read_text())

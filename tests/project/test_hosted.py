@@ -1,4 +1,4 @@
-"""Hosted notebooks: the lessons' setup cell, lib.hosted's bootstrap and the figure renderer, with
+"""Hosted notebooks: the lessons' setup cell, lib.course.hosted's bootstrap and the figure renderer, with
 Colab simulated (`google.colab` in sys.modules) and nothing installed (pip is replaced by a
 recorder). The real thing, a fresh venv with torch 2.14.1 running every lesson, is `make test-hosted`."""
 
@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from lib import doctor, hosted
+from lib.course import doctor, hosted
 from widgets import _render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +137,7 @@ def test_dry_run_says_what_it_would_install_and_runs_nothing(monkeypatch):
 def test_on_python_3_10_hosted_py_says_which_python_it_needs():
     # Python 3.10 has no tomllib: hide it, and run the file as the setup cell does.
     script = ("import runpy, sys; sys.modules['tomllib'] = None\n"
-              f"runpy.run_path({str(ROOT / 'lib' / 'hosted.py')!r}, run_name='__main__')")
+              f"runpy.run_path({str(ROOT / 'lib' / 'course' / 'hosted.py')!r}, run_name='__main__')")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "One Mask needs Python 3.11 or newer" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -209,7 +209,7 @@ def test_the_cell_does_nothing_where_lib_imports(monkeypatch, tmp_path):
 
 
 def test_the_cell_without_a_repository_says_how_to_get_the_files(monkeypatch, tmp_path):
-    with pytest.raises(SystemExit, match=r"git clone, or its zip.*python lib/hosted.py.*restart the kernel"):
+    with pytest.raises(SystemExit, match=r"git clone, or its zip.*python lib/course/hosted.py.*restart the kernel"):
         run_cell(sync_setup_cell.setup_source(""), monkeypatch, tmp_path, lib_found=False)
 
 
@@ -228,8 +228,8 @@ def test_the_cell_clones_into_home_and_runs_the_courses_hosted_py(monkeypatch, t
 
     def clone(cmd, **kwargs):
         clones.append(cmd)
-        (Path(cmd[-1]) / "lib").mkdir(parents=True)
-        (Path(cmd[-1]) / "lib" / "hosted.py").write_text("print('hosted.py ran as', __name__)\n")
+        (Path(cmd[-1]) / "lib" / "course").mkdir(parents=True)
+        (Path(cmd[-1]) / "lib" / "course" / "hosted.py").write_text("print('hosted.py ran as', __name__)\n")
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(subprocess, "run", clone)
@@ -244,7 +244,7 @@ def test_the_sync_tool_is_idempotent_and_places_one_cell_before_the_doctor():
     assert sync_setup_cell.synced(once, "") == once
     assert sync_setup_cell.synced(sync_setup_cell.synced(once, "https://example.org/x.git"), "") == once
     assert once.count(sync_setup_cell.FIRST_LINE) == 1
-    assert once.index(sync_setup_cell.FIRST_LINE) < once.index("from lib import doctor")
+    assert once.index(sync_setup_cell.FIRST_LINE) < once.index("from lib.course import doctor")
     with pytest.raises(ValueError, match="plain URL"):
         sync_setup_cell.setup_cell('x"; import os')  # noqa - a URL can never break out of the cell's string
 
@@ -274,7 +274,7 @@ def test_without_triton_the_doctor_says_so_and_attention_refuses_clearly():
               "    return real(name)\n"
               "md.version = version\n"
               "import torch, lib\n"
-              "from lib import doctor\n"
+              "from lib.course import doctor\n"
               "from lib.attention import attention\n"
               "doctor.report()\n"
               "x = torch.randn(1, 1, 4, 16)\n"

@@ -32,10 +32,10 @@ def test_no_lesson_code_line_is_wider_than_the_page(nb):
 
 @pytest.mark.parametrize("nb", NBS, ids=lambda p: p.stem)
 def test_lessons_time_with_the_course_timer(nb):
-    """lib.bench.timer (stopwatch, seconds, side_by_side) is the one timer; no lesson rolls its own."""
+    """lib.course.bench.timer (stopwatch, seconds, side_by_side) is the one timer; no lesson rolls its own."""
     hand_timed = [i for i, cell in enumerate(code_cells(nb)) if re.search(r"\bperf_counter\b|\btime\.time\(\)",
                                                                         source(cell))]
-    assert not hand_timed, f"{nb.name}: code cells {hand_timed} time by hand; use lib.bench.timer"
+    assert not hand_timed, f"{nb.name}: code cells {hand_timed} time by hand; use lib.course.bench.timer"
 
 
 @pytest.mark.parametrize("nb", NBS, ids=lambda p: p.stem)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from lib.course import LESSONS
+from lib.course.lessons import LESSONS
 
 ROOT = Path(__file__).resolve().parents[2]
 MDS = sorted((ROOT / "lessons").glob("[0-9][0-9]-*.md"))
@@ -239,7 +239,7 @@ def test_stored_notebook_is_executed_small_and_free_of_run_noise(nb):
     # hardware, timings, live plots, memory measured on this machine, benchmark runs
     # cpu_kernel_status: whether this machine's C compiler built lesson 06's loop, and its maths library's rounding
     # chaotic: a training run whose outcome a difference in the 16th digit changes (the lesson says so, and
-    # compares lib.claims.verdict_summary() instead); a figure drawing hundreds of a trained model's values
+    # compares lib.course.claims.verdict_summary() instead); a figure drawing hundreds of a trained model's values
     # (the numbers the lesson concludes from are compared in their own cells)
     machine_dependent = ("doctor", "perf_counter", "seconds", "LossCurve", "peak_rss", "bench.run(", "cpu_kernel_status",
                          "# chaotic:", "# figure of a trained model:")
@@ -266,74 +266,6 @@ def test_lessons_print_whole_functions_not_slices_of_their_source(md):
     assert not re.search(r"\.index\(\s*[\"']\s", md.read_text()), md.name
 
 
-def test_lib_never_imports_widgets():
-    for path in (ROOT / "lib").rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            assert not any(n.split(".")[0] == "widgets" for n in names), path
-
-
-def _module_name(path: Path) -> str:
-    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    return name.removesuffix(".__init__")
-
-
-def import_graph(package: str) -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
-    """Every import in `package` (function-level ones too), as module -> the modules it imports
-    from the project, and every private name (`_x`) one module takes from another."""
-    modules = {_module_name(p) for p in (ROOT / package).rglob("*.py")}
-    edges, private = {m: set() for m in modules}, []
-    for path in (ROOT / package).rglob("*.py"):
-        me = _module_name(path)
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                edges[me] |= {a.name for a in node.names if a.name.split(".")[0] in ("lib", "widgets")} - {me}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("lib", "widgets"):
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"  # `from lib.kernels import scan_cpu` imports a module
-                    target = sub if sub in modules else node.module
-                    if target != me:
-                        edges[me].add(target)
-                        if alias.name.startswith("_") and target == node.module:
-                            private.append((me, node.module, alias.name))
-    return edges, private
-
-
-def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    cycles, state = [], {}
-
-    def visit(module, path):
-        state[module] = "open"
-        for other in sorted(edges.get(module, ())):
-            if state.get(other) == "open":
-                cycles.append(path[path.index(other):] + [module, other])
-            elif other in edges and other not in state:
-                visit(other, path + [module])
-        state[module] = "done"
-
-    for module in sorted(edges):
-        if module not in state:
-            visit(module, [])
-    return cycles
-
-
-def test_lib_imports_flow_one_way_and_kernels_know_nothing_of_their_callers():
-    edges, private = import_graph("lib")
-    assert import_cycles(edges) == []
-    for module, targets in edges.items():
-        if module.startswith("lib.kernels"):  # kernels -> their runtime (and the shared validators), never up
-            assert targets <= {"lib._checks"} | {t for t in edges if t.startswith("lib.kernels")}, (module, targets)
-    assert private == [], "a private name used across modules should be public, or live where it is used"
-
-
-def test_the_import_graph_check_finds_a_cycle_and_a_private_import():
-    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
-    assert import_cycles({"a": {"b"}, "b": set()}) == []
-    assert import_cycles({"a": {"a.x"}, "a.x": {"a"}}) != []
-
-
 def test_readme_and_book_list_every_lesson():
     readme = (ROOT / "README.md").read_text()
     course_map = (ROOT / "book" / "course-map.md").read_text()
@@ -350,7 +282,7 @@ def test_ci_runs_the_readme_test_command():
 
 # A float printed in scientific notation is nearly always a rounding error or a gap ("2.4e-06"):
 # its digits change with the CPU's vector width, so stored outputs would differ from machine to
-# machine. Print it as the bound it is tested against instead (lib.precision.below).
+# machine. Print it as the bound it is tested against instead (lib.course.precision.below).
 _SCI_FORMAT = re.compile(r"\{[^{}\n]*:[^{}\n]*\.\d+e\}")
 
 
@@ -359,7 +291,7 @@ def test_lessons_print_rounding_errors_as_bounds_not_digits(md):
     cells = re.findall(r"```\{code-cell\}[^\n]*\n(.*?)```", md.read_text(), re.S)
     compared = [c for c in cells if "nbval-ignore-output" not in c.split("\n\n")[0]]
     offending = [line.strip() for c in compared for line in c.splitlines() if _SCI_FORMAT.search(line)]
-    assert not offending, f"{md.name} prints errors digit by digit (use lib.precision.below): {offending}"
+    assert not offending, f"{md.name} prints errors digit by digit (use lib.course.precision.below): {offending}"
 
 
 # Student-facing text speaks of the course's subject, not of how it was made: the source articles
@@ -433,7 +365,7 @@ def test_the_claim_lint_finds_an_asserted_condition_and_a_literal_verdict_is_ref
             "evidence='e')\nassert 3 < g < 5 and c < 1\nv = reproduced_if(3 < g < 5 and d)")
     assert sorted(claim_conditions_asserted_first(cell)) == ["3 < g < 5", "err <= 1e-05"]
     assert claim_conditions_asserted_first("v = reproduced_if(err <= 1e-5)\nassert err <= 1e-5") == []  # after: fine
-    from lib.claims import claim
+    from lib.course.claims import claim
 
     with pytest.raises(TypeError, match="must be decided by reproduced_if"):
         claim("x", "s", source="s", verdict="reproduced", evidence="e")

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from lib.course import LESSONS
+from lib.course import demos
+from lib.course.lessons import LESSONS
 from widgets import gallery
 from widgets.gallery import GALLERY, PRESENTER_CSS, build, present, presented
 
@@ -57,7 +58,7 @@ def _router_claim(_widget):
     (about 2.02 over the last 10 of 80 steps) and the busiest expert takes about 1.34x the even
     share; with α = 0 the loss stays above 2.3 (about 2.9) and the busiest takes over twice its share
     (about 2.27x). The runs train in float64, so these are the same numbers on every CPU."""
-    runs = gallery._moe_runs()
+    runs = demos.moe_runs()
     aux = {label: sum(run["aux_loss"][-10:]) / 10 for label, run in runs.items()}
     busiest = {label: (run["load"][-10:].max(dim=-1).values.max(dim=-1).values.mean()
                        * run["load"].shape[-1]).item() for label, run in runs.items()}
@@ -69,7 +70,7 @@ def _ssm_claim(widget):
     """The notice: the selective model's Δ changes with the token, the fixed model's never does."""
     view_slider = next(w for w in _walk(widget) if isinstance(w, W.IntSlider))
     assert view_slider.description == "token" and view_slider.value == 1
-    _, models = gallery._ssm_models()
+    _, models = demos.ssm_models()
     from lib.mamba import trace_states
     import torch
 
