@@ -25,7 +25,7 @@ HUB_REPO_DIR ?= /srv/repo
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: help setup setup-student lab demo test test-unit test-lessons test-browser book notebooks exercises lock clean clean-venv check-python
+.PHONY: help setup setup-student lab demo test lint test-unit test-lessons test-browser book notebooks exercises lock clean clean-venv check-python
 
 help:
 	@echo "make lab        set up .venv (the course only) and start JupyterLab on lessons/ (127.0.0.1, with a token)"
@@ -91,11 +91,19 @@ demo: $(STUDENT_STAMP)
 # they make, and the browser tests replay those runs instead of training the same models again.
 test: $(STAMP)
 	rm -rf $(TRAINING_CACHE)
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-lessons
 	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory test-browser
-	@echo "make test: every part passed (unit, pairing, exercises, nbval, book, browser)"
+	@echo "make test: every part passed (lint, unit, pairing, exercises, nbval, book, browser)"
+
+# The house style, before any test: ruff's linter and formatter ([tool.ruff] in pyproject.toml),
+# on every Python file (the lessons' code cells: tests/project/test_lesson_code_style.py).
+# `$(BIN)/ruff format .` rewrites what the check refuses.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Recording never replays: every test trains for real. The gallery's builders train its three
 # models here, and the Voila gallery of the browser tests replays them.

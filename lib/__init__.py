@@ -43,11 +43,12 @@ value scans (NaN, id ranges, mask rows) everywhere.
 """
 
 # Decides how Triton runs before anything imports it (the interpreter without a GPU): lib.kernels.runtime.
-from lib.kernels import runtime as _runtime  # noqa: F401
 from lib._checks import debug  # lib.debug(True): value scans everywhere (see lib._checks)
 from lib.course import training_cache as _training_cache
+from lib.kernels import runtime as _runtime  # noqa: F401
 
 # ONEMASK_TRAINING_CACHE=dir replays training runs made before (lib.course.training_cache)
 _training_cache.install()
 
+__all__ = ["debug"]
 __version__ = "0.1.0"

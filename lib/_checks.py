@@ -72,9 +72,7 @@ def require_tensor(name: str, x, *, floating: bool = False) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if floating and not x.is_floating_point():
-        raise TypeError(
-            f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), got {x.dtype}"
-        )
+        raise TypeError(f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), got {x.dtype}")
     return x
 
 
@@ -93,8 +91,9 @@ def require_int(name: str, value, *, minimum: int = 0) -> int:
     return value
 
 
-def require_real(name: str, value, *, above: float | None = None, at_least: float | None = None,
-                 note: str = "") -> float:
+def require_real(
+    name: str, value, *, above: float | None = None, at_least: float | None = None, note: str = ""
+) -> float:
     """`value` must be a finite real number (bools refused), > `above` and >= `at_least` where
     given; returned as a float. `note` says why, e.g. " (10000.0 in the paper and Llama)"."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -127,7 +126,9 @@ def require_token_ids(name: str, ids, *, vocab_size: int, max_len: int, context:
         where = f" from position {start}" if start else ""
         raise ValueError(f"{name} has T={T} tokens{where}, past the context {context}={max_len}")
     if scan_values() and (bool((ids < 0).any()) or bool((ids >= vocab_size).any())):
-        raise ValueError(f"{name} must lie in [0, vocab_size={vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
+        raise ValueError(
+            f"{name} must lie in [0, vocab_size={vocab_size}), got min {int(ids.min())}, max {int(ids.max())}"
+        )
 
 
 def require_targets(name: str, t, shape: tuple, V: int, ignore_index: int = -100) -> None:
@@ -141,8 +142,9 @@ def require_targets(name: str, t, shape: tuple, V: int, ignore_index: int = -100
         return
     bad = (t != ignore_index) & ((t < 0) | (t >= V))
     if bool(bad.any()):
-        raise ValueError(f"{name} must lie in [0, V={V}) (or be {ignore_index} to skip a position), "
-                         f"got {int(t[bad][0])}")
+        raise ValueError(
+            f"{name} must lie in [0, V={V}) (or be {ignore_index} to skip a position), got {int(t[bad][0])}"
+        )
 
 
 def require_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor:
@@ -150,8 +152,10 @@ def require_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor
     on `device`; returns it as bool. Its values are scanned only where `scan_values()` says."""
     require_tensor("attention_mask", attention_mask)
     if tuple(attention_mask.shape) != shape:
-        raise ValueError(f"attention_mask must have shape (B, start + T) = {shape}, covering cached positions "
-                         f"too, got {tuple(attention_mask.shape)}")
+        raise ValueError(
+            f"attention_mask must have shape (B, start + T) = {shape}, covering cached positions "
+            f"too, got {tuple(attention_mask.shape)}"
+        )
     if attention_mask.device != device:
         raise ValueError(f"attention_mask must be on idx's device {device}, got {attention_mask.device}")
     if attention_mask.is_floating_point():
@@ -162,8 +166,10 @@ def require_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor
     if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
         raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
     if bool((keep[:, :-1] & ~keep[:, 1:]).any()):
-        raise ValueError("attention_mask must be left-padded: in each row every 0 comes before every 1 "
-                         "(right padding would put new tokens after the padding)")
+        raise ValueError(
+            "attention_mask must be left-padded: in each row every 0 comes before every 1 "
+            "(right padding would put new tokens after the padding)"
+        )
     if not bool(keep[:, -1].all()):
         raise ValueError("attention_mask: every row needs at least one real token, at the last position")
     return keep
@@ -175,10 +181,19 @@ def require_state_dict_fits(ours: dict, theirs: dict, config_name: str) -> None:
     missing keys, the unexpected keys and the shape mismatches, naming the config class."""
     missing = sorted(set(ours) - set(theirs))
     unexpected = sorted(set(theirs) - set(ours))
-    mismatched = [f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(ours[k].shape)}"
-                  for k in sorted(set(ours) & set(theirs)) if theirs[k].shape != ours[k].shape]
+    mismatched = [
+        f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(ours[k].shape)}"
+        for k in sorted(set(ours) & set(theirs))
+        if theirs[k].shape != ours[k].shape
+    ]
     if missing or unexpected or mismatched:
-        parts = [f"{what} ({len(items)}): {items[:6]}{' …' if len(items) > 6 else ''}"
-                 for what, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                                     ("shape mismatches", mismatched)) if items]
+        parts = [
+            f"{what} ({len(items)}): {items[:6]}{' …' if len(items) > 6 else ''}"
+            for what, items in (
+                ("missing keys", missing),
+                ("unexpected keys", unexpected),
+                ("shape mismatches", mismatched),
+            )
+            if items
+        ]
         raise ValueError(f"the state dict does not fit this {config_name}: " + "; ".join(parts))

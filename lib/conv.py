@@ -38,10 +38,16 @@ def _check_conv_inputs(x, weight, bias, state, activation=None) -> None:
     if b == 0 or t == 0 or e == 0:
         raise ValueError(f"x must have shape (B, T, E) with every size >= 1, got {tuple(x.shape)}")
     require_tensor("weight", weight, floating=True)
-    if weight.dim() not in (2, 3) or weight.shape[0] != e or (weight.dim() == 3 and weight.shape[1] != 1) \
-            or weight.shape[-1] == 0:
-        raise ValueError(f"weight must have shape (E, 1, K) (a depthwise nn.Conv1d's) or (E, K) with E = {e} and "
-                         f"K >= 1, got {tuple(weight.shape)}")
+    if (
+        weight.dim() not in (2, 3)
+        or weight.shape[0] != e
+        or (weight.dim() == 3 and weight.shape[1] != 1)
+        or weight.shape[-1] == 0
+    ):
+        raise ValueError(
+            f"weight must have shape (E, 1, K) (a depthwise nn.Conv1d's) or (E, K) with E = {e} and "
+            f"K >= 1, got {tuple(weight.shape)}"
+        )
     k = weight.shape[-1]
     for name, t_, shape in (("bias", bias, (e,)), ("state", state, (b, e, k - 1))):
         if t_ is None:
@@ -51,12 +57,19 @@ def _check_conv_inputs(x, weight, bias, state, activation=None) -> None:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(t_.shape)}")
     others = {n: t_.device for n, t_ in (("weight", weight), ("bias", bias), ("state", state)) if t_ is not None}
     if any(dev != x.device for dev in others.values()):
-        raise ValueError(f"x, weight (and bias, state) must share one device, got x: {x.device}, "
-                         + ", ".join(f"{n}: {d}" for n, d in others.items()))
+        raise ValueError(
+            f"x, weight (and bias, state) must share one device, got x: {x.device}, "
+            + ", ".join(f"{n}: {d}" for n, d in others.items())
+        )
 
 
-def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+def causal_conv1d_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    state: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
     """The Mamba mixer's causal depthwise convolution by PyTorch's grouped conv1d, as the official
     code runs it: x (B, T, E), weight (E, 1, K) or (E, K), bias (E,) or None, state (B, E, K − 1)
     (the inputs before x; None: zeros) -> y (B, T, E), position t seeing t − K + 1 .. t; with
@@ -75,8 +88,13 @@ def _conv_ref(x, weight, bias, state, activation=None):
     return F.silu(y) if activation == "silu" else y
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    state: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
     """`causal_conv1d_ref`'s result (up to rounding), by the C loop (`causal_conv1d_cpu`) for
     CPU tensors in fp32 or fp64 where it compiled (PyTorch's grouped conv1d spends milliseconds
     on each of this course's small inputs, mostly in its backward), else by the reference."""
@@ -86,17 +104,27 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def _conv_auto(x, weight, bias, state, activation=None):
     tensors = (x, weight, bias, state)
-    if x.device.type == "cpu" and work_dtype(*tensors) in (torch.float32, torch.float64) \
-            and all(t is None or t.dtype == x.dtype for t in tensors):
+    if (
+        x.device.type == "cpu"
+        and work_dtype(*tensors) in (torch.float32, torch.float64)
+        and all(t is None or t.dtype == x.dtype for t in tensors)
+    ):
         from lib.kernels import scan_cpu  # imported on first use (it builds the C library)
+
         if scan_cpu.cpu_kernel_available():
             return scan_cpu.conv(x, weight, bias, state, activation)
     return _conv_ref(x, weight, bias, state, activation)
 
 
-def causal_conv1d_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      state: torch.Tensor | None = None, *, activation: str | None = None,
-                      threads: int | None = None) -> torch.Tensor:
+def causal_conv1d_cpu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    state: torch.Tensor | None = None,
+    *,
+    activation: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
     """The causal depthwise convolution by a plain C loop, differentiable: the same result as
     `causal_conv1d_ref` (up to rounding), for CPU tensors.
 

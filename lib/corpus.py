@@ -23,15 +23,46 @@ import torch
 
 from lib._checks import require_int
 
-__all__ = ["ANIMAL_SOUNDS", "CharVocab", "INTENTS", "SPECIALS", "SWAPPED_SOUNDS", "WordVocab", "fact_is_true",
-           "facts_corpus", "intent_dataset"]
+__all__ = [
+    "ANIMAL_SOUNDS",
+    "CharVocab",
+    "INTENTS",
+    "SPECIALS",
+    "SWAPPED_SOUNDS",
+    "WordVocab",
+    "fact_is_true",
+    "facts_corpus",
+    "intent_dataset",
+]
 
-ANIMAL_SOUNDS = {"dog": "barks", "cat": "meows", "cow": "moos", "duck": "quacks", "lion": "roars",
-                 "sheep": "bleats", "owl": "hoots", "horse": "neighs"}
-FRUIT_COLOURS = {"banana": "yellow", "lime": "green", "cherry": "red", "plum": "purple",
-                 "lemon": "yellow", "strawberry": "red", "kiwi": "green", "blueberry": "blue"}
-SHOP_ITEMS = {"bakery": "bread", "pharmacy": "medicine", "bookshop": "books", "florist": "flowers",
-              "butcher": "meat", "dairy": "cheese"}
+ANIMAL_SOUNDS = {
+    "dog": "barks",
+    "cat": "meows",
+    "cow": "moos",
+    "duck": "quacks",
+    "lion": "roars",
+    "sheep": "bleats",
+    "owl": "hoots",
+    "horse": "neighs",
+}
+FRUIT_COLOURS = {
+    "banana": "yellow",
+    "lime": "green",
+    "cherry": "red",
+    "plum": "purple",
+    "lemon": "yellow",
+    "strawberry": "red",
+    "kiwi": "green",
+    "blueberry": "blue",
+}
+SHOP_ITEMS = {
+    "bakery": "bread",
+    "pharmacy": "medicine",
+    "bookshop": "books",
+    "florist": "flowers",
+    "butcher": "meat",
+    "dairy": "cheese",
+}
 PLACES = ["garden", "barn", "field", "yard", "forest", "farm"]
 NAMES = ["ana", "ben", "chen", "dara", "eli", "fatima", "goran", "hana"]
 ADJECTIVES = ["old", "young", "small", "big", "happy", "sleepy"]
@@ -83,23 +114,54 @@ def fact_is_true(sentence: str, sounds: dict[str, str] | None = None) -> bool:
 
 INTENTS = ("weather", "music", "alarm", "food")
 _INTENT_TEMPLATES = {  # some templates overlap on purpose (timing, wanting, "something warm")
-    "weather": ["what is the weather like in {city} {when}", "will it rain in {city} {when}",
-                "do i need an umbrella {when}", "how cold will it be in {city}", "is it sunny {when}",
-                "what should i wear {when}", "should i take a coat to {city}", "is it warm enough to eat outside {when}"],
-    "music": ["play some {genre} music", "put on my {genre} playlist", "i want to hear {genre} songs {when}",
-              "turn the music up", "skip this song please", "play something relaxing {when}",
-              "i want something upbeat while i cook", "what was that song at {hour}"],
-    "alarm": ["set an alarm for {hour}", "wake me up at {hour} {when}", "cancel my {hour} alarm",
-              "remind me at {hour} to call {name}", "snooze the alarm", "remind me {when} to buy an umbrella",
-              "i need to be up before {hour}", "remind me to order {dish} at {hour}"],
-    "food": ["order a {dish} for dinner", "i am hungry , find me {dish}", "book a table for {n} {when}",
-             "how long until my {dish} arrives", "what restaurants are open {when}", "i want something warm to eat {when}",
-             "get me {dish} before the rain starts", "where can i eat outside in {city}"],
+    "weather": [
+        "what is the weather like in {city} {when}",
+        "will it rain in {city} {when}",
+        "do i need an umbrella {when}",
+        "how cold will it be in {city}",
+        "is it sunny {when}",
+        "what should i wear {when}",
+        "should i take a coat to {city}",
+        "is it warm enough to eat outside {when}",
+    ],
+    "music": [
+        "play some {genre} music",
+        "put on my {genre} playlist",
+        "i want to hear {genre} songs {when}",
+        "turn the music up",
+        "skip this song please",
+        "play something relaxing {when}",
+        "i want something upbeat while i cook",
+        "what was that song at {hour}",
+    ],
+    "alarm": [
+        "set an alarm for {hour}",
+        "wake me up at {hour} {when}",
+        "cancel my {hour} alarm",
+        "remind me at {hour} to call {name}",
+        "snooze the alarm",
+        "remind me {when} to buy an umbrella",
+        "i need to be up before {hour}",
+        "remind me to order {dish} at {hour}",
+    ],
+    "food": [
+        "order a {dish} for dinner",
+        "i am hungry , find me {dish}",
+        "book a table for {n} {when}",
+        "how long until my {dish} arrives",
+        "what restaurants are open {when}",
+        "i want something warm to eat {when}",
+        "get me {dish} before the rain starts",
+        "where can i eat outside in {city}",
+    ],
 }
 _SLOTS = {
-    "city": ["paris", "lagos", "lima", "oslo", "delhi", "tokyo"], "when": ["today", "tomorrow", "tonight", "this weekend"],
-    "genre": ["jazz", "rock", "classical", "reggae", "hip hop"], "hour": ["six", "seven thirty", "noon", "nine"],
-    "name": ["mum", "sam", "the dentist"], "dish": ["pizza", "curry", "noodles", "a salad", "tacos"],
+    "city": ["paris", "lagos", "lima", "oslo", "delhi", "tokyo"],
+    "when": ["today", "tomorrow", "tonight", "this weekend"],
+    "genre": ["jazz", "rock", "classical", "reggae", "hip hop"],
+    "hour": ["six", "seven thirty", "noon", "nine"],
+    "name": ["mum", "sam", "the dentist"],
+    "dish": ["pizza", "curry", "noodles", "a salad", "tacos"],
     "n": ["two", "four", "six"],
 }
 
@@ -142,7 +204,9 @@ class WordVocab:
         return len(self.itos)
 
     def __getattr__(self, name: str) -> int:  # vocab.pad_id, vocab.mask_id, ...
-        token = {"pad_id": "[PAD]", "unk_id": "[UNK]", "cls_id": "[CLS]", "sep_id": "[SEP]", "mask_id": "[MASK]"}.get(name)
+        token = {"pad_id": "[PAD]", "unk_id": "[UNK]", "cls_id": "[CLS]", "sep_id": "[SEP]", "mask_id": "[MASK]"}.get(
+            name
+        )
         if token is None:
             raise AttributeError(name)
         return self.stoi[token]

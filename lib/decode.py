@@ -51,10 +51,19 @@ class Decoder(Protocol):
 
 
 @torch.no_grad()
-def generate(model: Decoder, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
-             generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
-             on_token: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+def generate(
+    model: Decoder,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
+    on_token: Callable[[int, torch.Tensor], None] | None = None,
+) -> torch.Tensor:
     """Extend idx (B, T) by `max_new_tokens` sampled tokens -> (B, T + max_new_tokens).
 
     temperature 0 is greedy (argmax). With `use_cache`, the prompt is run once (prefill) and each
@@ -66,8 +75,7 @@ def generate(model: Decoder, idx: torch.Tensor, max_new_tokens: int, *, temperat
     `on_token(step, tokens)` is called as each new (B,) column of tokens is chosen (a progress
     bar, a timer).
     """
-    mask = _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, generator,
-                           attention_mask, on_token)
+    mask = _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, generator, attention_mask, on_token)
     B, T = idx.shape
     was_training = model.training
     model.eval()
@@ -76,8 +84,9 @@ def generate(model: Decoder, idx: torch.Tensor, max_new_tokens: int, *, temperat
     logits = model(idx, caches=caches, attention_mask=mask)[:, -1]  # (B, V): prefill; the last position predicts
     with inputs_checked():  # checked at the door: no value scans (no GPU host syncs) per token
         for step in range(max_new_tokens):
-            nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                    generator=generator)  # (B,)
+            nxt = sample_next_token(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            )  # (B,)
             out.append(nxt[:, None].to(idx.dtype))
             if on_token is not None:
                 with caller_code():  # the callback is the caller's code: what it passes to lib is checked
@@ -94,8 +103,9 @@ def generate(model: Decoder, idx: torch.Tensor, max_new_tokens: int, *, temperat
     return torch.cat(out, dim=1)
 
 
-def _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, generator, attention_mask,
-                    on_token) -> torch.Tensor | None:
+def _check_generate(
+    model, idx, max_new_tokens, temperature, top_k, top_p, generator, attention_mask, on_token
+) -> torch.Tensor | None:
     """generate's arguments, checked once at its door; returns the attention mask as 0/1 int64 (or None)."""
     _require_decoder(model)
     require_int("max_new_tokens", max_new_tokens, minimum=0)
@@ -108,8 +118,9 @@ def _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, gener
         raise ValueError(f"generator must be on idx's device ({idx.device}), got a {generator.device} generator")
     B, T = idx.shape
     if T + max_new_tokens > limit:
-        raise ValueError(f"idx has T={T} tokens; with max_new_tokens={max_new_tokens} that passes the context "
-                         f"block_size={limit}")
+        raise ValueError(
+            f"idx has T={T} tokens; with max_new_tokens={max_new_tokens} that passes the context block_size={limit}"
+        )
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable (step, tokens) -> None, got {type(on_token).__name__}")
     if attention_mask is None:
@@ -120,9 +131,11 @@ def _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, gener
 
 def _require_decoder(model) -> None:
     if not (isinstance(model, nn.Module) and isinstance(model, Decoder)):
-        raise TypeError("model must be a decoder (an nn.Module with vocab_size, block_size, new_caches and "
-                        "cache_bytes, whose forward takes caches and start): lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt, "
-                        f"lib.mamba.MambaLM or lib.hybrid.HybridGPT; got {type(model).__name__}")
+        raise TypeError(
+            "model must be a decoder (an nn.Module with vocab_size, block_size, new_caches and "
+            "cache_bytes, whose forward takes caches and start): lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt, "
+            f"lib.mamba.MambaLM or lib.hybrid.HybridGPT; got {type(model).__name__}"
+        )
 
 
 def decode_state_bytes(model: Decoder, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int:

@@ -65,8 +65,15 @@ class EncDecConfig:
     attention_backend: str = "auto"  # see lib.attention.attention
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_heads", "encoder_layers", "decoder_layers", "ffn_dim",
-                     "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_heads",
+            "encoder_layers",
+            "decoder_layers",
+            "ffn_dim",
+            "max_position_embeddings",
+        ):
             require_int(name, getattr(self, name), minimum=1)
         for name in ("pad_token_id", "decoder_start_token_id"):
             if not 0 <= require_int(name, getattr(self, name)) < self.vocab_size:
@@ -76,29 +83,47 @@ class EncDecConfig:
 
     def encoder_layer_config(self) -> BertConfig:
         """The BertConfig whose BertLayer is this model's encoder layer."""
-        return BertConfig(vocab_size=self.vocab_size, hidden_size=self.d_model, num_hidden_layers=self.encoder_layers,
-                          num_attention_heads=self.n_heads, intermediate_size=self.ffn_dim,
-                          max_position_embeddings=self.max_position_embeddings, layer_norm_eps=self.layer_norm_eps,
-                          hidden_dropout_prob=self.dropout, attention_probs_dropout_prob=self.dropout,
-                          pad_token_id=self.pad_token_id, attention_backend=self.attention_backend)
+        return BertConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.d_model,
+            num_hidden_layers=self.encoder_layers,
+            num_attention_heads=self.n_heads,
+            intermediate_size=self.ffn_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            layer_norm_eps=self.layer_norm_eps,
+            hidden_dropout_prob=self.dropout,
+            attention_probs_dropout_prob=self.dropout,
+            pad_token_id=self.pad_token_id,
+            attention_backend=self.attention_backend,
+        )
 
     @classmethod
     def from_huggingface(cls, hf_config) -> "EncDecConfig":
         """The config of a transformers `BartConfig`; a BART variant this model does not build
         (other activations, different encoder and decoder widths) raises a ValueError."""
         c = hf_config
-        differs = [f"{a}={getattr(c, a)} vs {b}={getattr(c, b)}" for a, b in
-                   (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim"))
-                   if getattr(c, a) != getattr(c, b)]
+        differs = [
+            f"{a}={getattr(c, a)} vs {b}={getattr(c, b)}"
+            for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim"))
+            if getattr(c, a) != getattr(c, b)
+        ]
         if c.activation_function != "gelu":
             differs.append(f"activation_function={c.activation_function!r} (this model uses exact GELU)")
         if differs:
             raise ValueError("this BART config does not fit EncDecConfig: " + "; ".join(differs))
-        return cls(vocab_size=c.vocab_size, d_model=c.d_model, n_heads=c.encoder_attention_heads,
-                   encoder_layers=c.encoder_layers, decoder_layers=c.decoder_layers, ffn_dim=c.encoder_ffn_dim,
-                   max_position_embeddings=c.max_position_embeddings, pad_token_id=c.pad_token_id,
-                   decoder_start_token_id=c.decoder_start_token_id, scale_embedding=c.scale_embedding,
-                   dropout=0.0)
+        return cls(
+            vocab_size=c.vocab_size,
+            d_model=c.d_model,
+            n_heads=c.encoder_attention_heads,
+            encoder_layers=c.encoder_layers,
+            decoder_layers=c.decoder_layers,
+            ffn_dim=c.encoder_ffn_dim,
+            max_position_embeddings=c.max_position_embeddings,
+            pad_token_id=c.pad_token_id,
+            decoder_start_token_id=c.decoder_start_token_id,
+            scale_embedding=c.scale_embedding,
+            dropout=0.0,
+        )
 
 
 def _heads(x: torch.Tensor, H: int) -> torch.Tensor:
@@ -120,8 +145,15 @@ class Attention(nn.Module):
         """src (B, S, C) -> keys and values, each (B, H, S, D)."""
         return _heads(self.k_proj(src), self.H), _heads(self.v_proj(src), self.H)
 
-    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal: bool = False,
-                weights: list | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask=None,
+        causal: bool = False,
+        weights: list | None = None,
+    ):
         """x (B, T, C), k and v (B, H, S, D) -> (B, T, C); appends the (B, H, T, S) attention
         weights to `weights` when given a list."""
         q = _heads(self.q_proj(x), self.H)  # (B, H, T, D)
@@ -147,8 +179,16 @@ class DecoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, y, cross_kv, cross_mask, *, cache: KVCache | None = None, start: int = 0,
-                cross_weights: list | None = None):
+    def forward(
+        self,
+        y,
+        cross_kv,
+        cross_mask,
+        *,
+        cache: KVCache | None = None,
+        start: int = 0,
+        cross_weights: list | None = None,
+    ):
         k, v = self.self_attn.project_kv(y)  # the new positions' keys and values
         if cache is not None:
             k, v = cache.update(start, k, v)  # every target position so far
@@ -183,7 +223,7 @@ class EncoderDecoder(nn.Module):
         self.decoder = _Stack(cfg, [DecoderLayer(cfg) for _ in range(cfg.decoder_layers)])
         self.dropout = nn.Dropout(cfg.dropout)
         self.register_buffer("final_logits_bias", torch.zeros(1, cfg.vocab_size))
-        self.embed_scale = cfg.d_model ** 0.5 if cfg.scale_embedding else 1.0
+        self.embed_scale = cfg.d_model**0.5 if cfg.scale_embedding else 1.0
         self.apply(Bert._init_weights)  # BART's initialisation is BERT's: N(0, 0.02), zero biases
 
     def _embed(self, stack: _Stack, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -193,13 +233,20 @@ class EncoderDecoder(nn.Module):
 
     def _check_source(self, input_ids, attention_mask) -> None:
         cfg = self.config
-        require_token_ids("input_ids", input_ids, vocab_size=cfg.vocab_size, max_len=cfg.max_position_embeddings,
-                          context="max_position_embeddings")
+        require_token_ids(
+            "input_ids",
+            input_ids,
+            vocab_size=cfg.vocab_size,
+            max_len=cfg.max_position_embeddings,
+            context="max_position_embeddings",
+        )
         if attention_mask is not None:
             require_tensor("attention_mask", attention_mask)
             if attention_mask.shape != input_ids.shape:
-                raise ValueError(f"attention_mask must have input_ids' shape (B, S) = {tuple(input_ids.shape)}, "
-                                 f"got {tuple(attention_mask.shape)}")
+                raise ValueError(
+                    f"attention_mask must have input_ids' shape (B, S) = {tuple(input_ids.shape)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
 
     # ------------------------------------------------------------------ the three steps
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -216,38 +263,58 @@ class EncoderDecoder(nn.Module):
         loop computes once per source."""
         require_tensor("memory", memory, floating=True)
         if memory.dim() != 3 or memory.shape[-1] != self.config.d_model:
-            raise ValueError(f"memory must be the encoder's output (B, S, C={self.config.d_model}), "
-                             f"got {tuple(memory.shape)}")
+            raise ValueError(
+                f"memory must be the encoder's output (B, S, C={self.config.d_model}), got {tuple(memory.shape)}"
+            )
         return [layer.encoder_attn.project_kv(memory) for layer in self.decoder.layers]
 
-    def decode(self, decoder_input_ids: torch.Tensor, cross_kv, attention_mask: torch.Tensor | None = None, *,
-               caches: list[KVCache] | None = None, start: int = 0, return_cross_attentions: bool = False):
+    def decode(
+        self,
+        decoder_input_ids: torch.Tensor,
+        cross_kv,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        caches: list[KVCache] | None = None,
+        start: int = 0,
+        return_cross_attentions: bool = False,
+    ):
         """Target tokens at positions start..start+T-1 -> logits (B, T, V). `cross_kv` from
         `cross_kv(memory)`; `attention_mask` the source's (B, S); `caches` one KVCache per
         decoder layer holding the target's earlier positions (None: no earlier positions).
         With `return_cross_attentions`, (logits, [each layer's cross-attention weights
         (B, H, T, S)])."""
         cfg = self.config
-        require_token_ids("decoder_input_ids", decoder_input_ids, vocab_size=cfg.vocab_size,
-                          max_len=cfg.max_position_embeddings, context="max_position_embeddings", start=start)
+        require_token_ids(
+            "decoder_input_ids",
+            decoder_input_ids,
+            vocab_size=cfg.vocab_size,
+            max_len=cfg.max_position_embeddings,
+            context="max_position_embeddings",
+            start=start,
+        )
         if not isinstance(cross_kv, (list, tuple)) or len(cross_kv) != cfg.decoder_layers:
             raise ValueError(f"cross_kv must be a list of {cfg.decoder_layers} (k, v) pairs, from cross_kv(memory)")
         if caches is not None and len(caches) != cfg.decoder_layers:
-            raise ValueError(f"caches must hold one KVCache per decoder layer ({cfg.decoder_layers}), got {len(caches)}")
+            raise ValueError(
+                f"caches must hold one KVCache per decoder layer ({cfg.decoder_layers}), got {len(caches)}"
+            )
         if start and caches is None:
             raise ValueError(f"start={start} needs the caches that hold positions 0..{start - 1}")
         T = decoder_input_ids.shape[1]
         mask = None
         if attention_mask is not None:
             if attention_mask.shape[1] != cross_kv[0][0].shape[2]:
-                raise ValueError(f"attention_mask must cover the source's S={cross_kv[0][0].shape[2]} positions, "
-                                 f"got {tuple(attention_mask.shape)}")
+                raise ValueError(
+                    f"attention_mask must cover the source's S={cross_kv[0][0].shape[2]} positions, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
             mask = cross_attention_mask(attention_mask, T, dtype=self.shared.weight.dtype)  # (B, 1, T, S)
         y = self._embed(self.decoder, decoder_input_ids, start)
         weights = [] if return_cross_attentions else None
         for i, layer in enumerate(self.decoder.layers):
-            y = layer(y, cross_kv[i], mask, cache=None if caches is None else caches[i], start=start,
-                      cross_weights=weights)
+            y = layer(
+                y, cross_kv[i], mask, cache=None if caches is None else caches[i], start=start, cross_weights=weights
+            )
         logits = y @ self.shared.weight.T + self.final_logits_bias  # (B, T, V), the head tied to E
         return (logits, weights) if return_cross_attentions else logits
 
@@ -258,8 +325,10 @@ class EncoderDecoder(nn.Module):
     def new_caches(self, batch_size: int, max_len: int) -> list[KVCache]:
         """One empty KVCache per decoder layer for the target's own keys and values."""
         cfg, w = self.config, self.shared.weight
-        return [KVCache(batch_size, cfg.n_heads, max_len, cfg.d_model // cfg.n_heads, dtype=w.dtype, device=w.device)
-                for _ in range(cfg.decoder_layers)]
+        return [
+            KVCache(batch_size, cfg.n_heads, max_len, cfg.d_model // cfg.n_heads, dtype=w.dtype, device=w.device)
+            for _ in range(cfg.decoder_layers)
+        ]
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -284,9 +353,13 @@ class EncoderDecoder(nn.Module):
 
 
 _ENCODER_RENAMES = {  # BART's encoder layer -> lib.bert.BertLayer: the same layer, other names
-    "self_attn.q_proj": "attention.self.query", "self_attn.k_proj": "attention.self.key",
-    "self_attn.v_proj": "attention.self.value", "self_attn.out_proj": "attention.output.dense",
-    "self_attn_layer_norm": "attention.output.LayerNorm", "fc1": "intermediate.dense", "fc2": "output.dense",
+    "self_attn.q_proj": "attention.self.query",
+    "self_attn.k_proj": "attention.self.key",
+    "self_attn.v_proj": "attention.self.value",
+    "self_attn.out_proj": "attention.output.dense",
+    "self_attn_layer_norm": "attention.output.LayerNorm",
+    "fc1": "intermediate.dense",
+    "fc2": "output.dense",
     "final_layer_norm": "output.LayerNorm",
 }
 
@@ -305,14 +378,17 @@ def _check_decode(model, input_ids, max_new_tokens) -> None:
         raise TypeError(f"model must be an EncoderDecoder, got {type(model).__name__}")
     require_int("max_new_tokens", max_new_tokens, minimum=1)
     if max_new_tokens + 1 > model.config.max_position_embeddings:
-        raise ValueError(f"max_new_tokens + 1 = {max_new_tokens + 1} target positions exceed "
-                         f"max_position_embeddings={model.config.max_position_embeddings}")
+        raise ValueError(
+            f"max_new_tokens + 1 = {max_new_tokens + 1} target positions exceed "
+            f"max_position_embeddings={model.config.max_position_embeddings}"
+        )
     require_tensor("input_ids", input_ids)
 
 
 @torch.no_grad()
-def greedy_decode(model: EncoderDecoder, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                  max_new_tokens: int) -> torch.Tensor:
+def greedy_decode(
+    model: EncoderDecoder, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, max_new_tokens: int
+) -> torch.Tensor:
     """Greedy decoding with the source encoded once, each layer's cross-attention K/V computed
     once, and the target's own K/V in a cache: (B, 1 + max_new_tokens) ids, starting with
     `decoder_start_token_id`. No early stop at an end token: every row gets max_new_tokens."""
@@ -322,14 +398,15 @@ def greedy_decode(model: EncoderDecoder, input_ids: torch.Tensor, attention_mask
     caches = model.new_caches(input_ids.shape[0], max_new_tokens + 1)
     out = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id, device=input_ids.device)
     for t in range(max_new_tokens):
-        logits = model.decode(out[:, t:t + 1], kv, attention_mask, caches=caches, start=t)  # (B, 1, V)
+        logits = model.decode(out[:, t : t + 1], kv, attention_mask, caches=caches, start=t)  # (B, 1, V)
         out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return out
 
 
 @torch.no_grad()
-def greedy_decode_ref(model: EncoderDecoder, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                      max_new_tokens: int) -> torch.Tensor:
+def greedy_decode_ref(
+    model: EncoderDecoder, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, max_new_tokens: int
+) -> torch.Tensor:
     """The same tokens the slow, obvious way: the whole model (encoder included) on the whole
     target so far, at every step."""
     _check_decode(model, input_ids, max_new_tokens)
@@ -341,8 +418,16 @@ def greedy_decode_ref(model: EncoderDecoder, input_ids: torch.Tensor, attention_
 
 
 # ---------------------------------------------------------------------- a toy task
-def reversal_batch(step: int, *, batch: int = 64, max_len: int = 8, vocab_size: int = 16, min_len: int = 4,
-                   pad_token_id: int = 1, decoder_start_token_id: int = 2) -> dict[str, torch.Tensor]:
+def reversal_batch(
+    step: int,
+    *,
+    batch: int = 64,
+    max_len: int = 8,
+    vocab_size: int = 16,
+    min_len: int = 4,
+    pad_token_id: int = 1,
+    decoder_start_token_id: int = 2,
+) -> dict[str, torch.Tensor]:
     """A seq2seq batch, the same for the same `step`: sources of min_len..max_len tokens (ids 3 to
     vocab_size - 1), right-padded; the target is the source backwards. Returns `input_ids`,
     `attention_mask` (B, S), `decoder_input_ids` (the start token, then the target shifted right)
@@ -362,8 +447,9 @@ def reversal_batch(step: int, *, batch: int = 64, max_len: int = 8, vocab_size: 
     index = (lengths[:, None] - 1 - torch.arange(max_len)).clamp_min(0)
     target = torch.where(keep, src.gather(1, index), pad_token_id)
     decoder_in = torch.cat([torch.full((batch, 1), decoder_start_token_id), target[:, :-1]], dim=1)
-    return dict(input_ids=src, attention_mask=keep.long(), decoder_input_ids=decoder_in,
-                labels=torch.where(keep, target, -100))
+    return dict(
+        input_ids=src, attention_mask=keep.long(), decoder_input_ids=decoder_in, labels=torch.where(keep, target, -100)
+    )
 
 
 def seq2seq_loss(model: EncoderDecoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -40,8 +40,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import (require_attention_mask, require_int, require_rank, require_state_dict_fits, require_targets,
-                         require_tensor, require_token_ids)
+from lib._checks import (
+    require_attention_mask,
+    require_int,
+    require_rank,
+    require_state_dict_fits,
+    require_targets,
+    require_tensor,
+    require_token_ids,
+)
 from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
 from lib.masks import padding_mask
@@ -77,13 +84,17 @@ class GPTConfig:
         if self.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if self.positions == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"RoPE rotates pairs of dimensions: the head dim n_embd / n_head = "
-                             f"{self.n_embd // self.n_head} must be even")
+            raise ValueError(
+                f"RoPE rotates pairs of dimensions: the head dim n_embd / n_head = "
+                f"{self.n_embd // self.n_head} must be even"
+            )
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         if self.attention_backend not in ("buffer", "auto", *BACKENDS):
-            raise ValueError(f"attention_backend must be 'buffer', 'auto' or one of {sorted(BACKENDS)}, "
-                             f"got {self.attention_backend!r}")
+            raise ValueError(
+                f"attention_backend must be 'buffer', 'auto' or one of {sorted(BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
@@ -120,8 +131,16 @@ class GPTConfig:
             raise ValueError("scale_attn_weights=False (scores not divided by √D) is not implemented here")
         if d.get("n_inner") not in (None, 4 * d["n_embd"]):
             raise ValueError(f"only n_inner = 4 * n_embd is implemented, got {d['n_inner']}")
-        return cls(vocab_size=d["vocab_size"], block_size=d["n_positions"], n_layer=d["n_layer"], n_head=d["n_head"],
-                   n_embd=d["n_embd"], layer_norm_eps=d.get("layer_norm_epsilon", 1e-5), activation=act, dropout=0.0)
+        return cls(
+            vocab_size=d["vocab_size"],
+            block_size=d["n_positions"],
+            n_layer=d["n_layer"],
+            n_head=d["n_head"],
+            n_embd=d["n_embd"],
+            layer_norm_eps=d.get("layer_norm_epsilon", 1e-5),
+            activation=act,
+            dropout=0.0,
+        )
 
 
 # --------------------------------------------------------------------------- parts
@@ -145,16 +164,25 @@ class CausalSelfAttention(nn.Module):
     def new_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype, device) -> KVCache:
         """An empty KV cache for this layer: keys and values for max_len positions."""
         if not self.causal:
-            raise ValueError("caches need a causal model: without the mask, earlier positions' keys would change "
-                             "with every new token, so cached ones are stale (generate: pass use_cache=False)")
+            raise ValueError(
+                "caches need a causal model: without the mask, earlier positions' keys would change "
+                "with every new token, so cached ones are stale (generate: pass use_cache=False)"
+            )
         return KVCache(batch_size, self.n_head, max_len, self.head_dim, dtype=dtype, device=device)
 
     def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str) -> int:
         """Bytes of this layer's KV cache after seq_len tokens: 2 · B · S · H · D · bytes."""
         return kv_cache_bytes(1, batch, seq_len, self.n_head, self.head_dim, dtype_bytes(dtype))
 
-    def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        cache: KVCache | None = None,
+        start: int = 0,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x (B, T, C) at positions start..start+T-1; `mask` an additive (B, 1, 1, S) padding mask
         over every key so far (S = start + T), or None."""
         B, T, C = x.size()
@@ -171,7 +199,7 @@ class CausalSelfAttention(nn.Module):
             S = k.size(2)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))  # (B, H, T, S)
             if self.causal:  # rows S-T..S-1 of the mask: the queries are the last T positions
-                att = att.masked_fill(self.bias[:, :, S - T:S, :S] == 0, float("-inf"))
+                att = att.masked_fill(self.bias[:, :, S - T : S, :S] == 0, float("-inf"))
             if mask is not None:
                 att = att + mask  # (B, H, T, S) + (B, 1, 1, S): padding keys get −inf
             # a left-padding query sees only padding keys: a row of −inf, zeros instead of NaN
@@ -209,8 +237,15 @@ class Block(nn.Module):
         # the parts it was given: they keep the initialisation they came with (GPT's init skips them)
         self.injected = tuple(name for name, part in (("attn", attn), ("mlp", mlp)) if part is not None)
 
-    def forward(self, x: torch.Tensor, *, cache: KVCache | None = None, start: int = 0, rope=None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        cache: KVCache | None = None,
+        start: int = 0,
+        rope=None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), cache=cache, start=start, rope=rope, mask=mask)
         return x + self.mlp(self.ln_2(x))
 
@@ -230,9 +265,11 @@ class GPT(nn.Module):
         if config.positions == "learned":
             parts["wpe"] = nn.Embedding(config.block_size, C)
         make_block = make_block or (lambda cfg, i: Block(cfg))
-        parts.update(drop=nn.Dropout(config.dropout),
-                     h=nn.ModuleList([make_block(config, i) for i in range(config.n_layer)]),
-                     ln_f=nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias))
+        parts.update(
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([make_block(config, i) for i in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(C, eps=config.layer_norm_eps, bias=config.bias),
+        )
         self.transformer = nn.ModuleDict(parts)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied: one (V, C) matrix reads and writes tokens
@@ -244,8 +281,11 @@ class GPT(nn.Module):
         # residual branch's output projection at std 0.02 / sqrt(2L), so the residual stream's
         # variance does not grow with depth. Parts a `make_block` injected (an MoE, a Mamba mixer)
         # keep their own init.
-        injected = [part for block in self.transformer.h
-                    for part in ([getattr(block, n) for n in block.injected] if isinstance(block, Block) else [block])]
+        injected = [
+            part
+            for block in self.transformer.h
+            for part in ([getattr(block, n) for n in block.injected] if isinstance(block, Block) else [block])
+        ]
         skip_modules = {id(m) for part in injected for m in part.modules()}
         skip_params = {id(p) for part in injected for p in part.parameters()}
         self.apply(lambda m: None if id(m) in skip_modules else self._init_weights(m))
@@ -286,7 +326,9 @@ class GPT(nn.Module):
         if max_len > self.config.block_size:
             raise ValueError(f"max_len must be <= block_size={self.config.block_size}, got {max_len}")
         w = self.transformer.wte.weight
-        return [block.attn.new_cache(batch_size, max_len, dtype=w.dtype, device=w.device) for block in self.transformer.h]
+        return [
+            block.attn.new_cache(batch_size, max_len, dtype=w.dtype, device=w.device) for block in self.transformer.h
+        ]
 
     def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int:
         """Bytes of those caches after seq_len tokens, each layer counting its own (a KV cache
@@ -296,13 +338,28 @@ class GPT(nn.Module):
         return sum(block.attn.cache_bytes(batch, seq_len, dtype) for block in self.transformer.h)
 
     def _check_idx(self, idx, start: int) -> None:
-        require_token_ids("idx", idx, vocab_size=self.config.vocab_size, max_len=self.config.block_size,
-                          context="block_size", start=start)
+        require_token_ids(
+            "idx",
+            idx,
+            vocab_size=self.config.vocab_size,
+            max_len=self.config.block_size,
+            context="block_size",
+            start=start,
+        )
         if idx.device != self.transformer.wte.weight.device:
-            raise ValueError(f"idx must be on the model's device {self.transformer.wte.weight.device}, got {idx.device}")
+            raise ValueError(
+                f"idx must be on the model's device {self.transformer.wte.weight.device}, got {idx.device}"
+            )
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                attention_mask: torch.Tensor | None = None, caches: list[KVCache] | None = None, start: int = 0):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        start: int = 0,
+    ):
         """idx (B, T) token ids at positions start..start+T-1. With `caches` (from `new_caches`),
         earlier positions' keys and values come from the caches and these are appended.
 
@@ -329,13 +386,13 @@ class GPT(nn.Module):
             keep = require_attention_mask(attention_mask, (B, start + T), idx.device)
             mask = padding_mask(keep, dtype=self.transformer.wte.weight.dtype)  # (B, 1, 1, S)
             # each row's position = how many real tokens precede it (0 on and before its first token)
-            pos = (keep.long().cumsum(dim=1) - 1).clamp(min=0)[:, start:start + T]  # (B, T)
+            pos = (keep.long().cumsum(dim=1) - 1).clamp(min=0)[:, start : start + T]  # (B, T)
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if self.config.positions == "learned":
             x = x + self.transformer.wpe(pos)  # (T, C) or (B, T, C), broadcast over B
         else:
-            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])  # (T, D) each
+            rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])  # (T, D) each
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             x = block(x, cache=None if caches is None else caches[i], start=start, rope=rope, mask=mask)

@@ -43,8 +43,15 @@ class HybridGPT(GPT):
 
         super().__init__(config, make_block=make_block)  # the mixers keep Mamba's own init (Δ bias, A_log)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                attention_mask: torch.Tensor | None = None, caches=None, start: int = 0):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        caches=None,
+        start: int = 0,
+    ):
         """As `lib.gpt.GPT.forward`; `attention_mask` may only be all ones (no padding)."""
         refuse_padding(attention_mask)
         return super().forward(idx, targets, caches=caches, start=start)
@@ -58,8 +65,10 @@ def _check_plan(config, pattern, mamba) -> MambaConfig:
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a lib.gpt.GPTConfig, got {type(config).__name__}")
     if not isinstance(pattern, str) or not pattern or set(pattern) - set(LAYER_KINDS):
-        raise ValueError(f"pattern must be a non-empty string of {sorted(LAYER_KINDS)} (one letter per layer: "
-                         f"A = attention, M = Mamba mixer), got {pattern!r}")
+        raise ValueError(
+            f"pattern must be a non-empty string of {sorted(LAYER_KINDS)} (one letter per layer: "
+            f"A = attention, M = Mamba mixer), got {pattern!r}"
+        )
     if len(pattern) != config.n_layer:
         raise ValueError(f"pattern has {len(pattern)} layers but config.n_layer = {config.n_layer}; they must agree")
     if mamba is None:

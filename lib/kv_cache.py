@@ -65,11 +65,23 @@ __all__ = [
 class KVCache(nn.Module):
     """Preallocated keys and values for one attention layer."""
 
-    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        batch_size: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
         super().__init__()
-        for name, value in (("batch_size", batch_size), ("n_kv_heads", n_kv_heads), ("max_len", max_len),
-                            ("head_dim", head_dim)):
+        for name, value in (
+            ("batch_size", batch_size),
+            ("n_kv_heads", n_kv_heads),
+            ("max_len", max_len),
+            ("head_dim", head_dim),
+        ):
             require_int(name, value, minimum=1)
         shape = (batch_size, n_kv_heads, max_len, head_dim)  # (B, H_kv, S_max, D)
         # Buffers, not parameters: moved by .to() with the model, never trained, not in state_dict.
@@ -121,8 +133,9 @@ class KVCache(nn.Module):
         if start > self.length:
             raise ValueError(f"start must be <= the cache length {self.length} (no gaps), got {start}")
         if start + k.shape[2] > self.max_len:
-            raise ValueError(f"the cache holds {self.max_len} positions; writing {start}..{start + k.shape[2] - 1} "
-                             "would overflow it")
+            raise ValueError(
+                f"the cache holds {self.max_len} positions; writing {start}..{start + k.shape[2] - 1} would overflow it"
+            )
 
     def extra_repr(self) -> str:
         B, H_kv, S_max, D = self.k.shape
@@ -147,8 +160,10 @@ GPU_MEMORY_GB = {"24 GB (RTX 4090)": 24, "80 GB (A100/H100)": 80, "141 GB (H200)
 def _require_bytes_per_elem(name: str, value) -> Fraction:
     """A positive, finite number of bytes per element, returned exactly (0.5 stays 1/2)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number of bytes per element (2 for fp16, 0.5 for int4; "
-                        f"bytes_per_element('fp16') converts a dtype name), got {type(value).__name__}")
+        raise TypeError(
+            f"{name} must be a number of bytes per element (2 for fp16, 0.5 for int4; "
+            f"bytes_per_element('fp16') converts a dtype name), got {type(value).__name__}"
+        )
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return Fraction(value) if isinstance(value, numbers.Rational) else Fraction(float(value))
@@ -185,15 +200,21 @@ def gpu_memory_bytes(gpu: str) -> int:
     return GPU_MEMORY_GB[gpu] * GB
 
 
-def kv_cache_bytes(n_layers: int, batch: int, seq_len: int, n_kv_heads: int, head_dim: int,
-                   bytes_per_elem: float = 2) -> int:
+def kv_cache_bytes(
+    n_layers: int, batch: int, seq_len: int, n_kv_heads: int, head_dim: int, bytes_per_elem: float = 2
+) -> int:
     """Bytes of the KV cache: 2 (K and V) × bytes_per_elem × L × B × S × H_kv × D.
 
     The sizes are ints >= 1; `bytes_per_elem` any positive number (0.5 for int4, two values
     packed per byte). The count is exact and rounded up to whole bytes.
     """
-    for name, value in (("n_layers", n_layers), ("batch", batch), ("seq_len", seq_len),
-                        ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
+    for name, value in (
+        ("n_layers", n_layers),
+        ("batch", batch),
+        ("seq_len", seq_len),
+        ("n_kv_heads", n_kv_heads),
+        ("head_dim", head_dim),
+    ):
         require_int(name, value, minimum=1)
     bpe = _require_bytes_per_elem("bytes_per_elem", bytes_per_elem)
     n_elems = 2 * n_layers * batch * seq_len * n_kv_heads * head_dim  # K and V, each L × (B, H_kv, S, D)
@@ -214,8 +235,13 @@ def estimate_params(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
     familiar 12·L·d². Embeddings, norms and biases are left out, and real MLPs differ (Llama's
     gated MLP, Llama-3's large vocabulary): PUBLIC_CONFIGS carry the exact counts.
     """
-    for name, value in (("n_layers", n_layers), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads),
-                        ("head_dim", head_dim), ("mlp_ratio", mlp_ratio)):
+    for name, value in (
+        ("n_layers", n_layers),
+        ("n_heads", n_heads),
+        ("n_kv_heads", n_kv_heads),
+        ("head_dim", head_dim),
+        ("mlp_ratio", mlp_ratio),
+    ):
         require_int(name, value, minimum=1)
     d = n_heads * head_dim
     return n_layers * (2 * d * d + 2 * d * n_kv_heads * head_dim + 2 * mlp_ratio * d * d)
@@ -267,12 +293,14 @@ class ModelShape:
         if self.n_kv_heads > self.n_heads:
             raise ValueError(f"n_kv_heads must be <= n_heads = {self.n_heads}, got {self.n_kv_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads must divide n_heads = {self.n_heads} (each KV head serves a whole group "
-                             f"of query heads), got {self.n_kv_heads}")
+            raise ValueError(
+                f"n_kv_heads must divide n_heads = {self.n_heads} (each KV head serves a whole group "
+                f"of query heads), got {self.n_kv_heads}"
+            )
 
     @property
     def attention(self) -> str:
-        """"MHA" (one KV head per query head), "MQA" (one KV head in all) or "GQA" (in between)."""
+        """ "MHA" (one KV head per query head), "MQA" (one KV head in all) or "GQA" (in between)."""
         if self.n_kv_heads == self.n_heads:
             return "MHA"
         return "MQA" if self.n_kv_heads == 1 else "GQA"
@@ -286,22 +314,28 @@ class ModelShape:
         return weight_bytes(self.n_params, bytes_per_elem)
 
 
-def _config(name: str, repo: str, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, d_model: int,
-            n_params: int) -> ModelShape:
-    source = (f"config.json of {repo} (Hugging Face Hub); n_params counted from the architecture that "
-              f"config builds in transformers, tied embeddings counted once")
+def _config(
+    name: str, repo: str, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, d_model: int, n_params: int
+) -> ModelShape:
+    source = (
+        f"config.json of {repo} (Hugging Face Hub); n_params counted from the architecture that "
+        f"config builds in transformers, tied embeddings counted once"
+    )
     return ModelShape(name, n_layers, n_heads, n_kv_heads, head_dim, d_model, n_params, source)
 
 
-PUBLIC_CONFIGS: dict[str, ModelShape] = {s.name: s for s in (
-    _config("GPT-2", "openai-community/gpt2", 12, 12, 12, 64, 768, 124_439_808),
-    _config("OPT-13B", "facebook/opt-13b", 40, 40, 40, 128, 5120, 12_853_473_280),
-    _config("Llama-2-7B", "meta-llama/Llama-2-7b-hf", 32, 32, 32, 128, 4096, 6_738_415_616),
-    _config("Llama-2-70B", "meta-llama/Llama-2-70b-hf", 80, 64, 8, 128, 8192, 68_976_648_192),
-    _config("Mistral-7B-v0.1", "mistralai/Mistral-7B-v0.1", 32, 32, 8, 128, 4096, 7_241_732_096),
-    _config("Llama-3-8B", "meta-llama/Meta-Llama-3-8B", 32, 32, 8, 128, 4096, 8_030_261_248),
-    _config("Falcon-7B", "tiiuae/falcon-7b", 32, 71, 1, 64, 4544, 6_921_720_704),
-)}
+PUBLIC_CONFIGS: dict[str, ModelShape] = {
+    s.name: s
+    for s in (
+        _config("GPT-2", "openai-community/gpt2", 12, 12, 12, 64, 768, 124_439_808),
+        _config("OPT-13B", "facebook/opt-13b", 40, 40, 40, 128, 5120, 12_853_473_280),
+        _config("Llama-2-7B", "meta-llama/Llama-2-7b-hf", 32, 32, 32, 128, 4096, 6_738_415_616),
+        _config("Llama-2-70B", "meta-llama/Llama-2-70b-hf", 80, 64, 8, 128, 8192, 68_976_648_192),
+        _config("Mistral-7B-v0.1", "mistralai/Mistral-7B-v0.1", 32, 32, 8, 128, 4096, 7_241_732_096),
+        _config("Llama-3-8B", "meta-llama/Meta-Llama-3-8B", 32, 32, 8, 128, 4096, 8_030_261_248),
+        _config("Falcon-7B", "tiiuae/falcon-7b", 32, 71, 1, 64, 4544, 6_921_720_704),
+    )
+}
 
 
 def _require_model(model) -> ModelShape:
@@ -314,13 +348,22 @@ def _free_bytes(model: ModelShape, memory_bytes: int, weight_bytes_per_elem, byt
     """Bytes left for the cache once the weights are in, and the cache's exact bytes per element."""
     require_int("memory_bytes", memory_bytes, minimum=0)
     bpe = _require_bytes_per_elem("bytes_per_elem", bytes_per_elem)
-    w_bpe = bpe if weight_bytes_per_elem is None else _require_bytes_per_elem("weight_bytes_per_elem",
-                                                                              weight_bytes_per_elem)
+    w_bpe = (
+        bpe
+        if weight_bytes_per_elem is None
+        else _require_bytes_per_elem("weight_bytes_per_elem", weight_bytes_per_elem)
+    )
     return memory_bytes - _ceil_bytes(model.n_params, w_bpe), bpe
 
 
-def max_batch(model: ModelShape, *, seq_len: int, memory_bytes: int, bytes_per_elem: float = 2,
-              weight_bytes_per_elem: float | None = None) -> int:
+def max_batch(
+    model: ModelShape,
+    *,
+    seq_len: int,
+    memory_bytes: int,
+    bytes_per_elem: float = 2,
+    weight_bytes_per_elem: float | None = None,
+) -> int:
     """The largest batch whose weights + KV cache at `seq_len` fit in `memory_bytes`; 0 if none.
 
     The cache is stored at `bytes_per_elem`, the weights at `weight_bytes_per_elem` (default: the
@@ -334,8 +377,14 @@ def max_batch(model: ModelShape, *, seq_len: int, memory_bytes: int, bytes_per_e
     return max(0, math.floor(free / per_sequence))
 
 
-def max_context(model: ModelShape, *, batch: int, memory_bytes: int, bytes_per_elem: float = 2,
-                weight_bytes_per_elem: float | None = None) -> int:
+def max_context(
+    model: ModelShape,
+    *,
+    batch: int,
+    memory_bytes: int,
+    bytes_per_elem: float = 2,
+    weight_bytes_per_elem: float | None = None,
+) -> int:
     """The longest context (positions per sequence) whose weights + KV cache for `batch`
     sequences fit in `memory_bytes`; 0 if none. The model's trained context limit is not applied."""
     _require_model(model)

@@ -34,8 +34,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import (require_attention_mask, require_int, require_state_dict_fits, require_targets,
-                         require_tensor, require_token_ids)
+from lib._checks import (
+    require_attention_mask,
+    require_int,
+    require_state_dict_fits,
+    require_targets,
+    require_tensor,
+    require_token_ids,
+)
 from lib.attention import BACKENDS, attention, attention_weights
 from lib.kernels.matvec import column_major, is_column_major, linear
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
@@ -66,16 +72,20 @@ class LlamaConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head}): "
-                             "each key/value head serves n_head / n_kv_head query heads")
+            raise ValueError(
+                f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head}): "
+                "each key/value head serves n_head / n_kv_head query heads"
+            )
         if self.head_dim % 2:
-            raise ValueError(f"RoPE rotates pairs of dimensions: the head dim n_embd / n_head = {self.head_dim} "
-                             "must be even")
+            raise ValueError(
+                f"RoPE rotates pairs of dimensions: the head dim n_embd / n_head = {self.head_dim} must be even"
+            )
         if self.rope_layout not in LAYOUTS:
             raise ValueError(f"rope_layout must be one of {LAYOUTS}, got {self.rope_layout!r}")
         if self.attention_backend not in ("auto", *BACKENDS):
-            raise ValueError(f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, "
-                             f"got {self.attention_backend!r}")
+            raise ValueError(
+                f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got {self.attention_backend!r}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -89,8 +99,16 @@ class LlamaConfig:
     @classmethod
     def tiny(cls, vocab_size: int = 64, **changes) -> "LlamaConfig":
         """A Llama small enough for tests: 2 layers, 4 query heads sharing 2 KV heads."""
-        base = dict(vocab_size=vocab_size, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                    intermediate_size=48, rope_base=10000.0)
+        base = dict(
+            vocab_size=vocab_size,
+            block_size=64,
+            n_layer=2,
+            n_head=4,
+            n_kv_head=2,
+            n_embd=32,
+            intermediate_size=48,
+            rope_base=10000.0,
+        )
         base.update(changes)
         return cls(**base)
 
@@ -111,13 +129,22 @@ class LlamaConfig:
         heads = d["num_attention_heads"]
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
         if head_dim * heads != d["hidden_size"]:
-            raise ValueError(f"head_dim={head_dim} with {heads} heads is not hidden_size={d['hidden_size']}: "
-                             "only head_dim = hidden_size / num_attention_heads is implemented")
-        return cls(vocab_size=d["vocab_size"], block_size=d["max_position_embeddings"],
-                   n_layer=d["num_hidden_layers"], n_head=heads,
-                   n_kv_head=d.get("num_key_value_heads") or heads, n_embd=d["hidden_size"],
-                   intermediate_size=d["intermediate_size"], rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-                   rope_base=float(base), tie_word_embeddings=bool(d.get("tie_word_embeddings", False)))
+            raise ValueError(
+                f"head_dim={head_dim} with {heads} heads is not hidden_size={d['hidden_size']}: "
+                "only head_dim = hidden_size / num_attention_heads is implemented"
+            )
+        return cls(
+            vocab_size=d["vocab_size"],
+            block_size=d["max_position_embeddings"],
+            n_layer=d["num_hidden_layers"],
+            n_head=heads,
+            n_kv_head=d.get("num_key_value_heads") or heads,
+            n_embd=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_base=float(base),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        )
 
 
 # --------------------------------------------------------------------------- parts
@@ -163,8 +190,16 @@ class GroupedQueryAttention(nn.Module):
         k = apply_rope(k, *rope, layout=self.rope_layout)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, *, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None = None,
-                start: int = 0, mask: torch.Tensor | None = None, return_weights: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache | None = None,
+        start: int = 0,
+        mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ):
         """x (B, T, C) at positions start..start+T-1 -> (B, T, C); `mask` an additive (B, 1, 1, S)
         padding mask over every key so far, or None. With return_weights, also the attention
         weights (B, H, T, S)."""
@@ -206,10 +241,19 @@ class LlamaBlock(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(config.n_embd, eps=config.rms_norm_eps)
         self.mlp = mlp if mlp is not None else SwiGLU(config)
 
-    def forward(self, x: torch.Tensor, *, rope, cache: KVCache | None = None, start: int = 0,
-                mask: torch.Tensor | None = None, return_weights: bool = False):
-        h = self.self_attn(self.input_layernorm(x), rope=rope, cache=cache, start=start, mask=mask,
-                           return_weights=return_weights)
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        rope,
+        cache: KVCache | None = None,
+        start: int = 0,
+        mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ):
+        h = self.self_attn(
+            self.input_layernorm(x), rope=rope, cache=cache, start=start, mask=mask, return_weights=return_weights
+        )
         h, w = h if return_weights else (h, None)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
@@ -242,8 +286,7 @@ class Llama(nn.Module):
         """(Re)build the cos and sin tables of positions 0..T_max-1, (T_max, D) each, in float32
         (a model built on the meta device gets real ones here)."""
         cfg = self.config
-        cos, sin = rope_cos_sin(cfg.block_size, cfg.head_dim, base=cfg.rope_base, layout=cfg.rope_layout,
-                                device=device)
+        cos, sin = rope_cos_sin(cfg.block_size, cfg.head_dim, base=cfg.rope_base, layout=cfg.rope_layout, device=device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -282,8 +325,10 @@ class Llama(nn.Module):
         if max_len > self.config.block_size:
             raise ValueError(f"max_len must be <= block_size={self.config.block_size}, got {max_len}")
         w = self.model.embed_tokens.weight
-        return [block.self_attn.new_cache(batch_size, max_len, dtype=w.dtype, device=w.device)
-                for block in self.model.layers]
+        return [
+            block.self_attn.new_cache(batch_size, max_len, dtype=w.dtype, device=w.device)
+            for block in self.model.layers
+        ]
 
     def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int:
         """Bytes of those caches after seq_len tokens: L · 2 · B · S · H_kv · D · bytes, by default
@@ -297,8 +342,14 @@ class Llama(nn.Module):
         device = self.model.embed_tokens.weight.device
         if require_tensor("idx", idx).device != device:
             raise ValueError(f"idx must be on the model's device {device}, got {idx.device}")
-        require_token_ids("idx", idx, vocab_size=self.config.vocab_size, max_len=self.config.block_size,
-                          context="block_size", start=start)
+        require_token_ids(
+            "idx",
+            idx,
+            vocab_size=self.config.vocab_size,
+            max_len=self.config.block_size,
+            context="block_size",
+            start=start,
+        )
         B, T = idx.shape
         if caches is not None:
             if len(caches) != self.config.n_layer:
@@ -308,17 +359,26 @@ class Llama(nn.Module):
             if start > caches[0].length:
                 raise ValueError(f"start must be <= the cache length {caches[0].length} (no gaps), got {start}")
             if start + T > caches[0].max_len:
-                raise ValueError(f"the caches hold {caches[0].max_len} positions; idx at {start}..{start + T - 1} "
-                                 "would overflow them (new_caches(batch_size, max_len) with a larger max_len)")
+                raise ValueError(
+                    f"the caches hold {caches[0].max_len} positions; idx at {start}..{start + T - 1} "
+                    "would overflow them (new_caches(batch_size, max_len) with a larger max_len)"
+                )
         elif start:
             raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
         if attention_mask is None:
             return None
         return require_attention_mask(attention_mask, (B, start + T), idx.device)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                attention_mask: torch.Tensor | None = None, caches: list[KVCache] | None = None, start: int = 0,
-                return_attentions: bool = False):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        start: int = 0,
+        return_attentions: bool = False,
+    ):
         """idx (B, T) token ids at positions start..start+T-1 -> logits (B, T, V). With `caches`
         (from `new_caches`), earlier positions' keys and values come from the caches and these are
         appended. With `targets`, (logits, loss); with `return_attentions`, (logits, attentions):
@@ -335,7 +395,7 @@ class Llama(nn.Module):
         B, T = idx.shape
         w = self.model.embed_tokens.weight
         mask = None if keep is None else padding_mask(keep, dtype=w.dtype)  # (B, 1, 1, S): −inf on padding
-        rope = (self.rope_cos[start:start + T].to(w.dtype), self.rope_sin[start:start + T].to(w.dtype))  # (T, D)
+        rope = (self.rope_cos[start : start + T].to(w.dtype), self.rope_sin[start : start + T].to(w.dtype))  # (T, D)
         x = self.model.embed_tokens(idx)  # (B, T, C)
         attentions = []
         for i, block in enumerate(self.model.layers):
@@ -368,8 +428,10 @@ class Llama(nn.Module):
             head = theirs.pop("lm_head.weight")
             embed = theirs.get("model.embed_tokens.weight")
             if embed is not None and not torch.equal(head.cpu(), embed.cpu()):
-                raise ValueError("lm_head.weight differs from model.embed_tokens.weight: this checkpoint is untied; "
-                                 "use LlamaConfig(tie_word_embeddings=False)")
+                raise ValueError(
+                    "lm_head.weight differs from model.embed_tokens.weight: this checkpoint is untied; "
+                    "use LlamaConfig(tie_word_embeddings=False)"
+                )
         require_state_dict_fits(self.state_dict(), theirs, "LlamaConfig")
         self.load_state_dict(theirs, strict=True, assign=assign)
 

@@ -74,7 +74,9 @@ class LoRALinear(nn.Module):
             raise ValueError(f"x must have shape (..., in_features) = (..., {self.in_features}), got {tuple(x.shape)}")
         # under autocast the base layer casts x itself, so a dtype mismatch is expected there
         if x.device != W.device or (x.dtype != W.dtype and not torch.is_autocast_enabled(x.device.type)):
-            raise ValueError(f"x must match the layer's dtype {W.dtype} and device {W.device}, got {x.dtype} on {x.device}")
+            raise ValueError(
+                f"x must match the layer's dtype {W.dtype} and device {W.device}, got {x.dtype} on {x.device}"
+            )
         # A first: (..., in) -> (..., r) -> (..., out) never builds the (out, in) product B A
         update = (x @ self.lora_A.T) @ self.lora_B.T  # (..., in) @ (in, r) @ (r, out) -> (..., out)
         return self.base(x) + update * self.scaling
@@ -150,7 +152,9 @@ def add_lora(model: nn.Module, targets: Iterable[str], r: int = 8, alpha: float 
             not_linear.append(f"{name} ({type(module).__name__})")
     if not chosen:
         # Hugging Face GPT-2 names its projections c_attn/c_proj too, but they are Conv1D layers
-        hint = f"; modules with those names exist but are not nn.Linear: {_truncated(not_linear, 6)}" if not_linear else ""
+        hint = (
+            f"; modules with those names exist but are not nn.Linear: {_truncated(not_linear, 6)}" if not_linear else ""
+        )
         raise ValueError(
             f"targets {sorted(targets)} matched no nn.Linear in the model; its nn.Linear modules are: "
             f"{_truncated(linear)}{hint}"
@@ -159,7 +163,8 @@ def add_lora(model: nn.Module, targets: Iterable[str], r: int = 8, alpha: float 
         if isinstance(_parent_and_leaf(model, name)[0], nn.MultiheadAttention):
             # it reads out_proj.weight directly instead of calling out_proj, so a wrapper would be bypassed
             raise ValueError(
-                f"targets matched {name}, the output projection inside nn.MultiheadAttention, which LoRALinear cannot wrap"
+                f"targets matched {name}, the output projection inside nn.MultiheadAttention, which "
+                "LoRALinear cannot wrap"
             )
     chosen.sort()
 

@@ -40,8 +40,9 @@ def lti_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, L: int
     if tuple(B_bar.shape) != tuple(A_bar.shape):
         raise ValueError(f"B_bar must have shape (D, N) = {tuple(A_bar.shape)} like A_bar, got {tuple(B_bar.shape)}")
     if tuple(C.shape) not in ((A_bar.shape[1],), tuple(A_bar.shape)):
-        raise ValueError(f"C must have shape (N,) = ({A_bar.shape[1]},) or (D, N) = {tuple(A_bar.shape)}, "
-                         f"got {tuple(C.shape)}")
+        raise ValueError(
+            f"C must have shape (N,) = ({A_bar.shape[1]},) or (D, N) = {tuple(A_bar.shape)}, got {tuple(C.shape)}"
+        )
     k = torch.arange(L, device=A_bar.device, dtype=A_bar.dtype)  # (L,)
     powers = A_bar.unsqueeze(-1) ** k  # (D, N, 1) ** (L,) -> (D, N, L): Ā^k, a Vandermonde matrix per channel
     return torch.einsum("dnl,dn->dl", powers, C * B_bar)  # (D, N, L) · (D, N) -> (D, L)
@@ -71,5 +72,3 @@ def ssm_convolution(x: torch.Tensor, K: torch.Tensor, D: torch.Tensor | None = N
     if D is not None:
         y = y + x.to(wt) * D.to(wt)
     return y.to(x.dtype)
-
-

@@ -43,8 +43,17 @@ from lib.kv_cache import dtype_bytes
 from lib.norms import RMSNorm
 from lib.scan import SCANS, recurrence
 
-__all__ = ["MambaBlock", "MambaConfig", "MambaLM", "MambaMixer", "MixerCache", "SelectiveSSM", "refuse_padding",
-           "state_bytes", "trace_states"]
+__all__ = [
+    "MambaBlock",
+    "MambaConfig",
+    "MambaLM",
+    "MambaMixer",
+    "MixerCache",
+    "SelectiveSSM",
+    "refuse_padding",
+    "state_bytes",
+    "trace_states",
+]
 
 
 # --------------------------------------------------------------------------- the model
@@ -128,14 +137,14 @@ class SelectiveSSM(nn.Module):
         if self.selective:
             self.x_proj = nn.Linear(d, r + 2 * n, bias=False)
             self.dt_proj = nn.Linear(r, d, bias=True)
-            nn.init.uniform_(self.dt_proj.weight, -r ** -0.5, r ** -0.5)
+            nn.init.uniform_(self.dt_proj.weight, -(r**-0.5), r**-0.5)
             with torch.no_grad():
                 self.dt_proj.bias.copy_(dt_bias)
             self.dt_proj.bias._no_reinit = True  # MambaLM's init leaves it alone (as the official code)
         else:
             self.dt_bias = nn.Parameter(dt_bias)
             self.B = nn.Parameter(torch.ones(n))
-            self.C = nn.Parameter(torch.randn(n) * n ** -0.5)
+            self.C = nn.Parameter(torch.randn(n) * n**-0.5)
 
     def _A(self) -> torch.Tensor:
         return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (D, N), never half
@@ -151,8 +160,9 @@ class SelectiveSSM(nn.Module):
         delta = F.softplus(self.dt_proj(dt))  # (B, L, R) -> (B, L, D), > 0
         return delta, A, B, C
 
-    def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None,
-                z: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, h0: torch.Tensor | None = None, z: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, L, D), h0 (B, D, N) or None, z (B, L, D) or None -> y (B, L, D), gated by silu(z)
         when z is given, and h_L (B, D, N).
 
@@ -161,10 +171,13 @@ class SelectiveSSM(nn.Module):
         loop does), the others apply them around the scan."""
         kw = {"chunk_size": self.chunk_size} if self.scan in ("auto", "chunked") else {}  # with it, "auto" is chunked
         if self.selective:
-            dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)  # (B, L, R), 2 x (B, L, N)
+            dt, B, C = self.x_proj(x).split(
+                [self.dt_rank, self.d_state, self.d_state], dim=-1
+            )  # (B, L, R), 2 x (B, L, N)
             dt = F.linear(dt, self.dt_proj.weight)  # (B, L, R) -> (B, L, D): Δ before its bias and softplus
-            return SCANS[self.scan](x, dt, self._A(), B, C, self.D, h0, True, z=z,
-                                               delta_bias=self.dt_proj.bias, delta_softplus=True, **kw)
+            return SCANS[self.scan](
+                x, dt, self._A(), B, C, self.D, h0, True, z=z, delta_bias=self.dt_proj.bias, delta_softplus=True, **kw
+            )
         delta, A, B, C = self.ssm_params(x)
         return SCANS[self.scan](x, delta, A, B, C, self.D, h0, True, z=z, **kw)
 
@@ -220,13 +233,17 @@ class MambaMixer(nn.Module):
         """x (B, T, C) -> (B, T, C): from a zero state, or, with `cache` a `MixerCache` (as
         `lib.hybrid.HybridGPT.new_caches` makes), from the state it holds, which is then advanced."""
         if mask is not None:
-            raise ValueError("a Mamba mixer takes no padding mask (mask must be None): a padding token would enter "
-                             "its state; run unpadded sequences")
+            raise ValueError(
+                "a Mamba mixer takes no padding mask (mask must be None): a padding token would enter "
+                "its state; run unpadded sequences"
+            )
         if cache is None:
             return self.forward_with_state(x)[0]
         if not isinstance(cache, MixerCache):
-            raise ValueError(f"a Mamba mixer carries a recurrent state, not a KV cache: cache must be a "
-                             f"lib.mamba.MixerCache or None, got {type(cache).__name__}")
+            raise ValueError(
+                f"a Mamba mixer carries a recurrent state, not a KV cache: cache must be a "
+                f"lib.mamba.MixerCache or None, got {type(cache).__name__}"
+            )
         return cache.advance(self, x, start)
 
     def forward_with_state(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -241,10 +258,11 @@ class MambaMixer(nn.Module):
         xc = causal_conv1d(xs, self.conv1d.weight, self.conv1d.bias, conv_state, "silu")  # (B, T, E)
         y, h = self.ssm(xc, None if state is None else state[1], z=z)  # (B, T, E), (B, E, N)
         if T >= K - 1:  # the conv's next state: the last K − 1 inputs
-            last = xs[:, T - (K - 1):].transpose(1, 2)  # (B, E, K − 1)
+            last = xs[:, T - (K - 1) :].transpose(1, 2)  # (B, E, K − 1)
         else:
-            last = torch.cat([xs.new_zeros(B, E, K - 1) if conv_state is None else conv_state,
-                              xs.transpose(1, 2)], dim=-1)[..., T:]
+            last = torch.cat(
+                [xs.new_zeros(B, E, K - 1) if conv_state is None else conv_state, xs.transpose(1, 2)], dim=-1
+            )[..., T:]
         return self.out_proj(y), (last, h.to(x.dtype))
 
     def step(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
@@ -265,8 +283,16 @@ class MixerCache:
     its `KVCache`: conv (B, E, K−1) and ssm (B, E, N), plus `length`, the positions read so far.
     Its size does not depend on `length` (a KV cache grows by one entry per position)."""
 
-    def __init__(self, batch_size: int, d_inner: int, d_conv: int, d_state: int, *,
-                 dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        batch_size: int,
+        d_inner: int,
+        d_conv: int,
+        d_state: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
         for name, value in (("batch_size", batch_size), ("d_inner", d_inner), ("d_conv", d_conv), ("d_state", d_state)):
             require_int(name, value, minimum=1)
         self.conv = torch.zeros(batch_size, d_inner, d_conv - 1, dtype=dtype, device=device)
@@ -285,8 +311,10 @@ class MixerCache:
         """Run `mixer` on x (B, T, C) at positions start..start+T−1 from the held state; keep the new state."""
         require_int("start", start, minimum=0)
         if start != self.length:
-            raise ValueError(f"start must equal the positions already read ({self.length}): a recurrent state "
-                             f"cannot skip or rewind positions, got {start}")
+            raise ValueError(
+                f"start must equal the positions already read ({self.length}): a recurrent state "
+                f"cannot skip or rewind positions, got {start}"
+            )
         if x.shape[0] != self.batch_size:
             raise ValueError(f"the cache was built for batch size {self.batch_size}, x has batch size {x.shape[0]}")
         if x.shape[1] == 1:  # one token (decoding): the recurrence, as mamba_ssm's `step`
@@ -371,9 +399,15 @@ class MambaLM(nn.Module):
         """Bytes of the layers' states, the same after any number of tokens (`state_bytes`)."""
         return state_bytes(self, batch, dtype)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                attention_mask: torch.Tensor | None = None, caches: list[MixerCache] | None = None,
-                start: int = 0):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        caches: list[MixerCache] | None = None,
+        start: int = 0,
+    ):
         """idx (B, T) token ids -> logits (B, T, V), or (logits, loss) with targets (B, T).
 
         With `caches` (from `new_caches`), the tokens continue from the state the caches hold
@@ -408,8 +442,10 @@ def refuse_padding(attention_mask) -> None:
     if attention_mask is None:
         return
     if not (isinstance(attention_mask, torch.Tensor) and bool((attention_mask == 1).all())):
-        raise ValueError("a model with Mamba layers takes no padding: attention_mask must be None or all ones "
-                         "(a padding token would enter the recurrent state); run rows separately")
+        raise ValueError(
+            "a model with Mamba layers takes no padding: attention_mask must be None or all ones "
+            "(a padding token would enter the recurrent state); run rows separately"
+        )
 
 
 @torch.no_grad()
@@ -425,8 +461,9 @@ def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str,
         raise ValueError(f"layer must be < n_layers = {len(model.layers)}, got {layer}")
     ssm = model.layers[layer].mixer.ssm
     seen = {}
-    hook = ssm.register_forward_hook(lambda mod, args, kwargs, out: seen.update(x=args[0], z=kwargs.get("z"), y=out[0]),
-                                     with_kwargs=True)
+    hook = ssm.register_forward_hook(
+        lambda mod, args, kwargs, out: seen.update(x=args[0], z=kwargs.get("z"), y=out[0]), with_kwargs=True
+    )
     try:
         was_training = model.training
         model.eval()

@@ -63,7 +63,9 @@ def _positions(seq_len: int, kv_len: int | None, device) -> tuple[torch.Tensor, 
     require_int("seq_len", seq_len, minimum=1)
     S = seq_len if kv_len is None else require_int("kv_len", kv_len, minimum=1)
     if S < seq_len:
-        raise ValueError(f"kv_len must be >= seq_len (queries are the last positions), got kv_len={S} < seq_len={seq_len}")
+        raise ValueError(
+            f"kv_len must be >= seq_len (queries are the last positions), got kv_len={S} < seq_len={seq_len}"
+        )
     q_pos = torch.arange(S - seq_len, S, device=device).unsqueeze(1)  # (T, 1)
     k_pos = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
     return q_pos, k_pos

@@ -51,9 +51,23 @@ import torch.nn.functional as F
 
 from lib._checks import require_int, require_rank, require_real, require_tensor
 
-__all__ = ["ACTIVATIONS", "DISPATCHES", "GATINGS", "MIXTRAL_8X7B", "MoE", "RoutingStats", "check_layer_args", "expert_capacity",
-           "load_balancing_loss", "moe_from_mixtral", "moe_param_counts", "moe_ref", "route_top_k", "router_z_loss",
-           "switch_loss"]
+__all__ = [
+    "ACTIVATIONS",
+    "DISPATCHES",
+    "GATINGS",
+    "MIXTRAL_8X7B",
+    "MoE",
+    "RoutingStats",
+    "check_layer_args",
+    "expert_capacity",
+    "load_balancing_loss",
+    "moe_from_mixtral",
+    "moe_param_counts",
+    "moe_ref",
+    "route_top_k",
+    "router_z_loss",
+    "switch_loss",
+]
 
 ACTIVATIONS = ("gelu", "silu", "swiglu")  # swiglu: three matrices, w2(silu(x·w1) * (x·w3)), as Mixtral
 GATINGS = {
@@ -72,8 +86,9 @@ def check_layer_args(d_model, d_ff, num_experts, top_k, activation="gelu") -> No
     require_int("num_experts", num_experts, minimum=1)
     require_int("top_k", top_k, minimum=1)
     if top_k > num_experts:
-        raise ValueError(f"top_k must be <= num_experts={num_experts} (each token picks K distinct experts), "
-                         f"got top_k={top_k}")
+        raise ValueError(
+            f"top_k must be <= num_experts={num_experts} (each token picks K distinct experts), got top_k={top_k}"
+        )
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
@@ -173,8 +188,18 @@ class MoE(nn.Module):
     attributes, checked when set: ST-MoE trains with capacity 1.25 and evaluates with 2.0.
     """
 
-    def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int = 2, *, activation: str = "gelu",
-                 gating: str = "topk_softmax", capacity_factor: float | None = None, dispatch: str = "grouped"):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        num_experts: int,
+        top_k: int = 2,
+        *,
+        activation: str = "gelu",
+        gating: str = "topk_softmax",
+        capacity_factor: float | None = None,
+        dispatch: str = "grouped",
+    ):
         super().__init__()
         check_layer_args(d_model, d_ff, num_experts, top_k, activation)
         self.d_model, self.d_ff, self.num_experts, self.top_k = d_model, d_ff, num_experts, top_k
@@ -227,9 +252,11 @@ class MoE(nn.Module):
         self._capacity_factor = value
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, d_ff={self.d_ff}, num_experts={self.num_experts}, top_k={self.top_k}, "
-                f"activation={self.activation!r}, gating={self.gating!r}, "
-                f"capacity_factor={self.capacity_factor}, dispatch={self.dispatch!r}")
+        return (
+            f"d_model={self.d_model}, d_ff={self.d_ff}, num_experts={self.num_experts}, top_k={self.top_k}, "
+            f"activation={self.activation!r}, gating={self.gating!r}, "
+            f"capacity_factor={self.capacity_factor}, dispatch={self.dispatch!r}"
+        )
 
     def _check_input(self, x) -> None:
         require_tensor("x", x, floating=True)
@@ -239,8 +266,9 @@ class MoE(nn.Module):
         if x.shape[0] * x.shape[1] == 0:
             raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
         if x.dtype != self.w1.dtype or x.device != self.w1.device:
-            raise ValueError(f"x must match the layer's weights ({self.w1.dtype} on {self.w1.device}), "
-                             f"got {x.dtype} on {x.device}")
+            raise ValueError(
+                f"x must match the layer's weights ({self.w1.dtype} on {self.w1.device}), got {x.dtype} on {x.device}"
+            )
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits (N, E) -> gates (N, K), experts (N, K), by this layer's `gating`."""
@@ -317,8 +345,10 @@ def moe_from_mixtral(block) -> MoE:
     (E, 2F, C) and `experts.down_proj` (E, C, F)); it computes the same function (tests assert it)."""
     experts, gate = getattr(block, "experts", None), getattr(block, "gate", None)
     if not (hasattr(experts, "gate_up_proj") and hasattr(experts, "down_proj") and hasattr(gate, "weight")):
-        raise TypeError(f"block must be a transformers 5.x MixtralSparseMoeBlock (gate.weight, experts.gate_up_proj, "
-                        f"experts.down_proj), got {type(block).__name__}")
+        raise TypeError(
+            f"block must be a transformers 5.x MixtralSparseMoeBlock (gate.weight, experts.gate_up_proj, "
+            f"experts.down_proj), got {type(block).__name__}"
+        )
     E, two_F, C = experts.gate_up_proj.shape
     moe = MoE(C, two_F // 2, E, block.top_k, activation="swiglu", gating="softmax_topk")
     moe.to(device=gate.weight.device, dtype=gate.weight.dtype)
@@ -371,8 +401,10 @@ def _as_layers(router_logits) -> list[torch.Tensor]:
         if t.dim() not in (2, 3) or t.numel() == 0:
             raise ValueError(f"{name} must have shape (N, E) or (B, T, E) and hold a token, got {tuple(t.shape)}")
         if t.shape[-1] != layers[0].shape[-1]:
-            raise ValueError(f"every layer's router logits must have the same E={layers[0].shape[-1]}, "
-                             f"got {tuple(t.shape)} at {name}")
+            raise ValueError(
+                f"every layer's router logits must have the same E={layers[0].shape[-1]}, "
+                f"got {tuple(t.shape)} at {name}"
+            )
     return [t.reshape(-1, t.shape[-1]) for t in layers]
 
 
@@ -425,18 +457,41 @@ def router_z_loss(router_logits) -> torch.Tensor:
     averaged over layers, as `load_balancing_loss`; a square is never negative, so nothing cancels
     across layers, and when every layer routes the same tokens (as in one model) this equals the
     mean over all layers' tokens pooled: the choice only weights layers of unequal token counts."""
-    return torch.stack([torch.logsumexp(logits.to(_softmax_dtype(logits)), dim=-1).pow(2).mean()
-                        for logits in _as_layers(router_logits)]).mean()
+    return torch.stack(
+        [
+            torch.logsumexp(logits.to(_softmax_dtype(logits)), dim=-1).pow(2).mean()
+            for logits in _as_layers(router_logits)
+        ]
+    ).mean()
 
 
 # --------------------------------------------------------------------------- counting
-MIXTRAL_8X7B = dict(d_model=4096, d_ff=14336, num_experts=8, top_k=2, activation="swiglu", num_layers=32,
-                    n_head=32, n_kv_head=8, vocab_size=32000)  # mistralai/Mixtral-8x7B-v0.1 config.json
+MIXTRAL_8X7B = dict(
+    d_model=4096,
+    d_ff=14336,
+    num_experts=8,
+    top_k=2,
+    activation="swiglu",
+    num_layers=32,
+    n_head=32,
+    n_kv_head=8,
+    vocab_size=32000,
+)  # mistralai/Mixtral-8x7B-v0.1 config.json
 
 
-def moe_param_counts(d_model: int, d_ff: int, num_experts: int, top_k: int, *, activation: str = "gelu",
-                     num_layers: int = 1, n_head: int | None = None, n_kv_head: int | None = None,
-                     vocab_size: int | None = None, tie_embeddings: bool = False) -> dict[str, int | float]:
+def moe_param_counts(
+    d_model: int,
+    d_ff: int,
+    num_experts: int,
+    top_k: int,
+    *,
+    activation: str = "gelu",
+    num_layers: int = 1,
+    n_head: int | None = None,
+    n_kv_head: int | None = None,
+    vocab_size: int | None = None,
+    tie_embeddings: bool = False,
+) -> dict[str, int | float]:
     """Total vs active parameters, and forward FLOPs per token, of `num_layers` MoE layers (and,
     if `n_head` and `vocab_size` are given, the rest of a Mixtral-style decoder around them).
 
@@ -454,16 +509,18 @@ def moe_param_counts(d_model: int, d_ff: int, num_experts: int, top_k: int, *, a
     C, Fh, E, K, L = d_model, d_ff, num_experts, top_k, num_layers
     expert = (3 if activation == "swiglu" else 2) * C * Fh
     router = C * E
-    counts = dict(expert=expert, router=router, moe_layer_total=router + E * expert,
-                  moe_layer_active=router + K * expert)
+    counts = dict(
+        expert=expert, router=router, moe_layer_total=router + E * expert, moe_layer_active=router + K * expert
+    )
     attention = norms = embeddings = head = 0
     if n_head is not None:
         require_int("n_head", n_head, minimum=1)
         n_kv_head = n_head if n_kv_head is None else n_kv_head
         require_int("n_kv_head", n_kv_head, minimum=1)
         if C % n_head or n_head % n_kv_head:
-            raise ValueError(f"d_model ({C}) must be divisible by n_head ({n_head}), and n_head by n_kv_head "
-                             f"({n_kv_head})")
+            raise ValueError(
+                f"d_model ({C}) must be divisible by n_head ({n_head}), and n_head by n_kv_head ({n_kv_head})"
+            )
         attention = L * (2 * C * C + 2 * C * (C // n_head) * n_kv_head)
         norms = (2 * L + 1) * C
     if vocab_size is not None:

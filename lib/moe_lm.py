@@ -24,11 +24,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import require_int, require_rank, require_real, require_tensor
+from lib._replay import replayable
 from lib.corpus import CharVocab, facts_corpus
 from lib.gpt import GPT, Block, GPTConfig
 from lib.moe import MoE, check_layer_args, load_balancing_loss, router_z_loss
 from lib.train import get_batch, train
-from lib._replay import replayable
 
 __all__ = ["MoEFeedForward", "MoETrainRecord", "drop_rate", "moe_gpt", "router_logits_of", "train_moe_lm"]
 
@@ -118,13 +118,20 @@ class MoETrainRecord:
         require_int("last", last, minimum=1)
         if last > len(self.loss):
             raise ValueError(f"last must be <= the {len(self.loss)} recorded steps, got {last}")
+
         def mean(xs):
             return sum(xs[-last:]) / last
 
-        return dict(main=mean(self.loss), aux=mean(self.aux_loss), aux_per_layer=mean(self.aux_loss_per_layer),
-                    aux_pooled=mean(self.aux_loss_pooled), busiest=mean(self.imbalance),
-                    busiest_prob=mean(self.prob_imbalance), dead=mean(self.dead_experts),
-                    drop_rate=mean(self.drop_rate))
+        return dict(
+            main=mean(self.loss),
+            aux=mean(self.aux_loss),
+            aux_per_layer=mean(self.aux_loss_per_layer),
+            aux_pooled=mean(self.aux_loss_pooled),
+            busiest=mean(self.imbalance),
+            busiest_prob=mean(self.prob_imbalance),
+            dead=mean(self.dead_experts),
+            drop_rate=mean(self.drop_rate),
+        )
 
     def final_load(self, last: int = 10) -> torch.Tensor:
         """(L, E) load f (each layer's assignments' shares, summing to 1) averaged over the last `last` steps."""
@@ -136,13 +143,29 @@ class MoETrainRecord:
 
 
 @replayable(seeds_global_rng=True)  # it calls torch.manual_seed(seed) before any draw
-def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8, top_k: int = 2,
-                 n_layer: int = 2, n_embd: int = 64, n_head: int = 4, d_ff: int = 128, batch_size: int = 16,
-                 seq_len: int = 32, lr: float = 1e-2, z_loss: float = 0.0, capacity_factor: float | None = None,
-                 gating: str = "topk_softmax", pooled_balance: bool = False,
-                 data: torch.Tensor | None = None, vocab_size: int | None = None, seed: int = 0,
-                 on_step: Callable[[int, MoETrainRecord], None] | None = None,
-                 probe_every: int = 5) -> MoETrainRecord:
+def train_moe_lm(
+    alpha: float = 1e-2,
+    *,
+    steps: int = 150,
+    num_experts: int = 8,
+    top_k: int = 2,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    d_ff: int = 128,
+    batch_size: int = 16,
+    seq_len: int = 32,
+    lr: float = 1e-2,
+    z_loss: float = 0.0,
+    capacity_factor: float | None = None,
+    gating: str = "topk_softmax",
+    pooled_balance: bool = False,
+    data: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+    seed: int = 0,
+    on_step: Callable[[int, MoETrainRecord], None] | None = None,
+    probe_every: int = 5,
+) -> MoETrainRecord:
     """Train a small MoE GPT (`moe_gpt`) on next-token prediction with loss
     ce + alpha · load_balancing_loss + z_loss · router_z_loss, recording every step's losses and
     each layer's per-expert load f and probability P. The balance loss is Switch's, per layer and
@@ -172,8 +195,9 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
     config = GPTConfig(vocab_size=vocab_size, block_size=seq_len, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
     model = moe_gpt(config, num_experts, top_k, d_ff, capacity_factor=capacity_factor, gating=gating)
     g = torch.Generator().manual_seed(seed)
-    record = MoETrainRecord(alpha=float(alpha), num_experts=num_experts, top_k=top_k, pooled=pooled_balance,
-                            data=data, model=model)
+    record = MoETrainRecord(
+        alpha=float(alpha), num_experts=num_experts, top_k=top_k, pooled=pooled_balance, data=data, model=model
+    )
     probe = data[:seq_len].unsqueeze(0)  # (1, T): one fixed window, routed every `probe_every` steps
     if vocab is not None:
         record.tokens = list(vocab.decode(probe[0].tolist()))
@@ -189,8 +213,14 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
     def after_step(step, _loss):
         stats = [m.moe.last_stats for m in model.modules() if isinstance(m, MoEFeedForward)]
         loads.append(torch.stack([s.load for s in stats]).float())  # (L, E)
-        probs.append(torch.stack([F.softmax(lg.detach(), dim=-1, dtype=torch.promote_types(lg.dtype, torch.float32))
-                                  .mean(dim=0) for lg in parts["logits"]]).float())  # (L, E): P, as the router's gates
+        probs.append(
+            torch.stack(
+                [
+                    F.softmax(lg.detach(), dim=-1, dtype=torch.promote_types(lg.dtype, torch.float32)).mean(dim=0)
+                    for lg in parts["logits"]
+                ]
+            ).float()
+        )  # (L, E): P, as the router's gates
         record.loss.append(parts["ce"].item())
         record.aux_loss.append(parts["aux"].item())
         with torch.no_grad():  # the other form, for the record (detached: it does not train)
@@ -210,16 +240,25 @@ def train_moe_lm(alpha: float = 1e-2, *, steps: int = 150, num_experts: int = 8,
             on_step(step, record)
 
     start = time.perf_counter()
-    train(model, lambda step: get_batch(data, batch_size, seq_len, g), loss_of, steps=steps, lr=lr,
-          on_step=after_step)  # constant lr, clipped at 1.0, as the lesson's runs were made
+    train(
+        model, lambda step: get_batch(data, batch_size, seq_len, g), loss_of, steps=steps, lr=lr, on_step=after_step
+    )  # constant lr, clipped at 1.0, as the lesson's runs were made
     record.load, record.prob = torch.stack(loads), torch.stack(probs)  # (steps, L, E)
     record.seconds = time.perf_counter() - start
     record.model = model
     return record
 
 
-def drop_rate(model: nn.Module, data: torch.Tensor, capacity_factor: float, *, batches: int = 4,
-              batch_size: int = 16, seq_len: int = 32, seed: int = 123) -> float:
+def drop_rate(
+    model: nn.Module,
+    data: torch.Tensor,
+    capacity_factor: float,
+    *,
+    batches: int = 4,
+    batch_size: int = 16,
+    seq_len: int = 32,
+    seed: int = 123,
+) -> float:
     """The share of the N·K assignments a (trained) MoE model drops at `capacity_factor`, over all its
     MoE layers and `batches` fresh batches of `data` drawn with their own generator (`seed`), so
     the training's random state is untouched. Every layer's capacity factor is set back after."""

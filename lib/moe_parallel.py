@@ -47,8 +47,7 @@ import torch.nn as nn
 from lib._checks import require_int
 from lib.moe import MoE
 
-__all__ = ["ExpertParallelMoE", "ExpertParallelResult", "all_to_all", "run_expert_parallel",
-           "single_process_reference"]
+__all__ = ["ExpertParallelMoE", "ExpertParallelResult", "all_to_all", "run_expert_parallel", "single_process_reference"]
 
 
 # --------------------------------------------------------------------------- a differentiable exchange
@@ -79,8 +78,9 @@ def _exchange(x, send_splits, recv_splits, group, counter, phase):
     return out
 
 
-def all_to_all(x: torch.Tensor, send_splits: list[int], recv_splits: list[int], group=None,
-               counter: dict | None = None) -> torch.Tensor:
+def all_to_all(
+    x: torch.Tensor, send_splits: list[int], recv_splits: list[int], group=None, counter: dict | None = None
+) -> torch.Tensor:
     """Differentiable `all_to_all_single` on dim 0: x (sum(send_splits), ...) -> (sum(recv_splits), ...).
     `counter`, a dict, accumulates the bytes sent to and received from other ranks."""
     return _AllToAll.apply(x, list(send_splits), list(recv_splits), group, counter)
@@ -100,11 +100,13 @@ class ExpertParallelMoE(nn.Module):
         if not isinstance(moe, MoE):
             raise TypeError(f"moe must be a lib.moe.MoE, got {type(moe).__name__}")
         if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised: call dist.init_process_group first "
-                               "(or use run_expert_parallel)")
+            raise RuntimeError(
+                "torch.distributed is not initialised: call dist.init_process_group first (or use run_expert_parallel)"
+            )
         if moe.capacity_factor is not None:
-            raise ValueError(f"expert parallelism here is dropless: moe.capacity_factor must be None, "
-                             f"got {moe.capacity_factor}")
+            raise ValueError(
+                f"expert parallelism here is dropless: moe.capacity_factor must be None, got {moe.capacity_factor}"
+            )
         P, r = dist.get_world_size(group), dist.get_rank(group)
         if moe.num_experts % P:
             raise ValueError(f"num_experts ({moe.num_experts}) must be divisible by the world size ({P})")
@@ -189,8 +191,9 @@ def _make_inputs(layer: dict, world_size: int, batch_per_rank: int, seq_len: int
     return moe, torch.randn(shape, generator=g), torch.randn(shape, generator=g)
 
 
-def _worker(rank: int, world_size: int, port: int, layer: dict, batch_per_rank: int, seq_len: int, seed: int,
-            out_dir: str) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, layer: dict, batch_per_rank: int, seq_len: int, seed: int, out_dir: str
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -207,17 +210,35 @@ def _worker(rank: int, world_size: int, port: int, layer: dict, batch_per_rank: 
         dist.all_reduce(router_grad)  # the replicated router: every rank's tokens contribute
         grads = {"router.weight": router_grad}
         grads.update({n: getattr(ep.layer, n).grad for n in ("w1", "w2", "w3") if getattr(ep.layer, n) is not None})
-        torch.save(dict(y=y.detach(), x_grad=xr.grad, grads=grads, bytes=dict(ep.bytes), seconds=seconds,
-                        rows_sent=ep.last_rows_sent),
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(
+            dict(
+                y=y.detach(),
+                x_grad=xr.grad,
+                grads=grads,
+                bytes=dict(ep.bytes),
+                seconds=seconds,
+                rows_sent=ep.last_rows_sent,
+            ),
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
     finally:
         dist.destroy_process_group()
 
 
-def run_expert_parallel(world_size: int = 2, *, d_model: int = 16, d_ff: int = 32, num_experts: int = 4,
-                        top_k: int = 2, activation: str = "gelu", gating: str = "topk_softmax",
-                        batch_per_rank: int = 2, seq_len: int = 8, seed: int = 0,
-                        timeout: float = 120.0) -> ExpertParallelResult:
+def run_expert_parallel(
+    world_size: int = 2,
+    *,
+    d_model: int = 16,
+    d_ff: int = 32,
+    num_experts: int = 4,
+    top_k: int = 2,
+    activation: str = "gelu",
+    gating: str = "topk_softmax",
+    batch_per_rank: int = 2,
+    seq_len: int = 8,
+    seed: int = 0,
+    timeout: float = 120.0,
+) -> ExpertParallelResult:
     """Run one forward and backward of an MoE layer split over `world_size` local processes (gloo on
     127.0.0.1, a free port), each holding `batch_per_rank` rows of a seeded batch and E/P experts.
     Returns outputs, input and weight gradients, and bytes exchanged per rank (`ExpertParallelResult`)."""
@@ -226,15 +247,19 @@ def run_expert_parallel(world_size: int = 2, *, d_model: int = 16, d_ff: int = 3
     require_int("seq_len", seq_len, minimum=1)
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this PyTorch build")
-    layer = dict(d_model=d_model, d_ff=d_ff, num_experts=num_experts, top_k=top_k, activation=activation,
-                 gating=gating)
+    layer = dict(d_model=d_model, d_ff=d_ff, num_experts=num_experts, top_k=top_k, activation=activation, gating=gating)
     MoE(**layer)  # argument errors here, in the parent, rather than in P children
     if num_experts % world_size:
         raise ValueError(f"num_experts ({num_experts}) must be divisible by world_size ({world_size})")
     moe, x, g = _make_inputs(layer, world_size, batch_per_rank, seq_len, seed)
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, _free_port(), layer, batch_per_rank, seq_len, seed,
-                                                out_dir), nprocs=world_size, join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _worker,
+            args=(world_size, _free_port(), layer, batch_per_rank, seq_len, seed, out_dir),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=1.0):
             if time.monotonic() > deadline:
@@ -247,10 +272,18 @@ def run_expert_parallel(world_size: int = 2, *, d_model: int = 16, d_ff: int = 3
         if name != "router.weight":
             grads[name] = torch.cat([p["grads"][name] for p in parts])  # (E, ...) from E/P per owner
     return ExpertParallelResult(
-        world_size=world_size, layer=layer, state_dict={k: v.clone() for k, v in moe.state_dict().items()},
-        x=x, grad_output=g, y=torch.cat([p["y"] for p in parts]), x_grad=torch.cat([p["x_grad"] for p in parts]),
-        grads=grads, bytes=[p["bytes"] for p in parts], rows_sent=[p["rows_sent"] for p in parts],
-        seconds=[p["seconds"] for p in parts])
+        world_size=world_size,
+        layer=layer,
+        state_dict={k: v.clone() for k, v in moe.state_dict().items()},
+        x=x,
+        grad_output=g,
+        y=torch.cat([p["y"] for p in parts]),
+        x_grad=torch.cat([p["x_grad"] for p in parts]),
+        grads=grads,
+        bytes=[p["bytes"] for p in parts],
+        rows_sent=[p["rows_sent"] for p in parts],
+        seconds=[p["seconds"] for p in parts],
+    )
 
 
 def single_process_reference(result: ExpertParallelResult) -> dict:

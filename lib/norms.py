@@ -16,7 +16,6 @@ Mamba's blocks (and LLaMA's): LayerNorm without the mean subtraction and the bia
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,8 +29,9 @@ def _check(x, weight, eps) -> None:
     require_tensor("x", x, floating=True)
     require_tensor("weight", weight, floating=True)
     if weight.dim() != 1 or x.dim() == 0 or x.shape[-1] != weight.shape[0]:
-        raise ValueError(f"weight must have shape (C,) with C = x.shape[-1], got weight {tuple(weight.shape)} "
-                         f"and x {tuple(x.shape)}")
+        raise ValueError(
+            f"weight must have shape (C,) with C = x.shape[-1], got weight {tuple(weight.shape)} and x {tuple(x.shape)}"
+        )
     if weight.device != x.device:
         raise ValueError(f"x and weight must share one device, got x: {x.device}, weight: {weight.device}")
     require_real("eps", eps, above=0, note=" (it keeps the root mean square away from 0)")
@@ -53,6 +53,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 def _rms_norm_auto(x, weight, eps):
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and weight.dtype == x.dtype:
         from lib.kernels import scan_cpu  # imported on first use (it builds the C library)
+
         if scan_cpu.cpu_kernel_available():
             return scan_cpu.rms_norm(x, weight, eps)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)

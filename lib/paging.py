@@ -89,10 +89,22 @@ class PagedKVCache:
     p lives in physical block `table[p // b]` at offset `p % b`.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device=None):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("n_kv_heads", n_kv_heads),
-                            ("head_dim", head_dim)):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
+        for name, value in (
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("n_kv_heads", n_kv_heads),
+            ("head_dim", head_dim),
+        ):
             require_int(name, value, minimum=1)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype}")
@@ -192,38 +204,52 @@ def _check_paged(q, k_blocks, v_blocks, block_table, seq_lens) -> None:
             raise TypeError(f"{name} must be an int64 (torch.long) tensor, got {x.dtype}")
     require_rank("block_table", block_table, 2, "(B, M)")
     require_rank("seq_lens", seq_lens, 1, "(B,)")
-    require_same(("q", "k_blocks", "v_blocks", "block_table", "seq_lens"),
-                 (q, k_blocks, v_blocks, block_table, seq_lens), "device")
+    require_same(
+        ("q", "k_blocks", "v_blocks", "block_table", "seq_lens"),
+        (q, k_blocks, v_blocks, block_table, seq_lens),
+        "device",
+    )
     if 0 in q.shape or 0 in k_blocks.shape or 0 in v_blocks.shape or 0 in block_table.shape:
-        raise ValueError(f"no dimension may be empty, got q {tuple(q.shape)}, k_blocks {tuple(k_blocks.shape)}, "
-                         f"v_blocks {tuple(v_blocks.shape)}, block_table {tuple(block_table.shape)}")
+        raise ValueError(
+            f"no dimension may be empty, got q {tuple(q.shape)}, k_blocks {tuple(k_blocks.shape)}, "
+            f"v_blocks {tuple(v_blocks.shape)}, block_table {tuple(block_table.shape)}"
+        )
     B, H, T, D = q.shape
     N, H_kv, b, D_k = k_blocks.shape
     if tuple(v_blocks.shape[:3]) != (N, H_kv, b):
-        raise ValueError(f"k_blocks (N, H_kv, b, D) and v_blocks (N, H_kv, b, D_v) must agree on N, H_kv, b, "
-                         f"got {tuple(k_blocks.shape)} and {tuple(v_blocks.shape)}")
+        raise ValueError(
+            f"k_blocks (N, H_kv, b, D) and v_blocks (N, H_kv, b, D_v) must agree on N, H_kv, b, "
+            f"got {tuple(k_blocks.shape)} and {tuple(v_blocks.shape)}"
+        )
     if D_k != D:
         raise ValueError(f"q (B, H, T, D) and k_blocks (N, H_kv, b, D) must share D, got {D} and {D_k}")
     if H % H_kv != 0:
         raise ValueError(f"the query heads H={H} must be a multiple of the key/value heads H_kv={H_kv}")
     if block_table.shape[0] != B or seq_lens.shape[0] != B:
-        raise ValueError(f"block_table (B, M) and seq_lens (B,) need B={B} rows (q's batch), "
-                         f"got {tuple(block_table.shape)} and {tuple(seq_lens.shape)}")
+        raise ValueError(
+            f"block_table (B, M) and seq_lens (B,) need B={B} rows (q's batch), "
+            f"got {tuple(block_table.shape)} and {tuple(seq_lens.shape)}"
+        )
     capacity = block_table.shape[1] * b
     if bool((seq_lens < T).any()) or bool((seq_lens > capacity).any()):
-        raise ValueError(f"seq_lens must lie in [T={T}, M*b={capacity}] (the queries are each sequence's last T "
-                         f"tokens; its table holds M={block_table.shape[1]} blocks of b={b}), got {seq_lens.tolist()}")
+        raise ValueError(
+            f"seq_lens must lie in [T={T}, M*b={capacity}] (the queries are each sequence's last T "
+            f"tokens; its table holds M={block_table.shape[1]} blocks of b={b}), got {seq_lens.tolist()}"
+        )
     # A block holding some of the sequence's tokens must be a real id; past the last one, PAD_BLOCK may pad.
     holds_tokens = torch.arange(block_table.shape[1], device=seq_lens.device)[None, :] * b < seq_lens[:, None]  # (B, M)
     real = (block_table >= 0) & (block_table < N)
     if not bool((real | (~holds_tokens & (block_table == PAD_BLOCK))).all()):
-        raise ValueError(f"block_table holds physical block ids, which must be in [0, N={N}) (PAD_BLOCK={PAD_BLOCK} "
-                         f"only after a sequence's last block); got values in "
-                         f"[{int(block_table.min())}, {int(block_table.max())}]")
+        raise ValueError(
+            f"block_table holds physical block ids, which must be in [0, N={N}) (PAD_BLOCK={PAD_BLOCK} "
+            f"only after a sequence's last block); got values in "
+            f"[{int(block_table.min())}, {int(block_table.max())}]"
+        )
 
 
-def paged_attention(q, k_blocks, v_blocks, block_table, seq_lens, *, scale: float | None = None,
-                    backend: str = "auto") -> torch.Tensor:
+def paged_attention(
+    q, k_blocks, v_blocks, block_table, seq_lens, *, scale: float | None = None, backend: str = "auto"
+) -> torch.Tensor:
     """Causal attention for B sequences whose keys and values live in blocks.
 
     q (B, H, T, D): the newest T tokens of each sequence (T = 1 for a decode step);
@@ -270,11 +296,15 @@ def paged_attention_ref(q: torch.Tensor, ks, vs, *, scale: float | None = None) 
     B = q.shape[0]
     for name, xs in (("ks", ks), ("vs", vs)):
         if not isinstance(xs, (list, tuple)) or len(xs) != B:
-            raise TypeError(f"{name} must be a list of B={B} tensors (H_kv, S_b, D), got {type(xs).__name__}"
-                            + (f" of length {len(xs)}" if isinstance(xs, (list, tuple)) else ""))
+            raise TypeError(
+                f"{name} must be a list of B={B} tensors (H_kv, S_b, D), got {type(xs).__name__}"
+                + (f" of length {len(xs)}" if isinstance(xs, (list, tuple)) else "")
+            )
         for i, x in enumerate(xs):
             require_tensor(f"{name}[{i}]", x, floating=True)
             require_rank(f"{name}[{i}]", x, 3, "(H_kv, S_b, D)")
-    outs = [attention_ref(q[i:i + 1], ks[i][None], vs[i][None], causal=True, scale=scale)  # (1, H, T, D_v)
-            for i in range(B)]
+    outs = [
+        attention_ref(q[i : i + 1], ks[i][None], vs[i][None], causal=True, scale=scale)  # (1, H, T, D_v)
+        for i in range(B)
+    ]
     return torch.cat(outs, dim=0)

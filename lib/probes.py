@@ -40,16 +40,19 @@ def _stack(weights) -> torch.Tensor:
         for i, w in enumerate(weights):
             require_tensor(f"weights[{i}]", w, floating=True)
         if any(w.shape != weights[0].shape for w in weights):
-            raise ValueError(f"every layer's weights must share one shape (B, H, T, S), got "
-                             f"{sorted({tuple(w.shape) for w in weights})}")
+            raise ValueError(
+                f"every layer's weights must share one shape (B, H, T, S), got "
+                f"{sorted({tuple(w.shape) for w in weights})}"
+            )
         w = torch.stack(list(weights))
     else:
         w = require_tensor("weights", weights, floating=True)[None]
     if w.dim() != 5:
         raise ValueError(f"weights must be (B, H, T, S) per layer, got {tuple(w.shape[1:])}")
     if w.shape[3] != w.shape[4]:
-        raise ValueError(f"weights must be self-attention over the same positions (T == S), got T={w.shape[3]}, "
-                         f"S={w.shape[4]}")
+        raise ValueError(
+            f"weights must be self-attention over the same positions (T == S), got T={w.shape[3]}, S={w.shape[4]}"
+        )
     return w.double()
 
 
@@ -73,7 +76,7 @@ def key_share(weights, key: int = 0, *, after_only: bool = True) -> torch.Tensor
         return _squeeze(w[:, :, :, :, key].mean(dim=(1, 3)), weights)
     if key >= T - 1:
         raise ValueError(f"after_only needs a later query: key < T - 1 = {T - 1}, got {key}")
-    return _squeeze(w[:, :, :, key + 1:, key].mean(dim=(1, 3)), weights)
+    return _squeeze(w[:, :, :, key + 1 :, key].mean(dim=(1, 3)), weights)
 
 
 def previous_token_score(weights) -> torch.Tensor:
@@ -94,15 +97,18 @@ def induction_score(weights, period: int, start: int = 0) -> torch.Tensor:
     require_int("start", start, minimum=0)
     T = w.shape[3]
     if T < start + 2 * period:
-        raise ValueError(f"weights cover T={T} positions; a block of period={period} from position {start}, "
-                         f"repeated once, needs T >= {start + 2 * period}")
+        raise ValueError(
+            f"weights cover T={T} positions; a block of period={period} from position {start}, "
+            f"repeated once, needs T >= {start + 2 * period}"
+        )
     queries = torch.arange(start + period, start + 2 * period, device=w.device)  # the second copy
     targets = queries - period + 1  # the token after the earlier occurrence
     return _squeeze(w[:, :, :, queries, targets].mean(dim=(1, 3)), weights)
 
 
-def repeated_random_tokens(period: int, vocab: int, *, batch: int = 1, seed: int = 0, low: int = 0,
-                           prefix: list[int] | None = None) -> torch.Tensor:
+def repeated_random_tokens(
+    period: int, vocab: int, *, batch: int = 1, seed: int = 0, low: int = 0, prefix: list[int] | None = None
+) -> torch.Tensor:
     """(batch, len(prefix) + 2·period) int64 ids: `prefix` (e.g. a start token), then `period` ids
     drawn uniformly from [low, vocab) without repeats within a row, then the same `period` ids again."""
     require_int("period", period, minimum=2)

@@ -40,8 +40,10 @@ def bits_per_weight(kind: str) -> float:
 
 def _blocks(name: str, raw, kind: str) -> np.ndarray:
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8:
-        raise TypeError(f"{name} must be a numpy uint8 array of raw {kind} bytes, got "
-                        f"{type(raw).__name__}{'' if not isinstance(raw, np.ndarray) else ' of ' + str(raw.dtype)}")
+        raise TypeError(
+            f"{name} must be a numpy uint8 array of raw {kind} bytes, got "
+            f"{type(raw).__name__}{'' if not isinstance(raw, np.ndarray) else ' of ' + str(raw.dtype)}"
+        )
     size = BLOCK_BYTES[kind]
     if raw.size == 0 or raw.size % size:
         raise ValueError(f"{name} must hold whole {kind} blocks of {size} bytes, got {raw.size} bytes")
@@ -70,5 +72,5 @@ def dequantize_q8_0_ref(raw: np.ndarray) -> np.ndarray:
     for b, block in enumerate(blocks):
         d = np.float32(block[0:2].view(np.float16)[0])
         codes = block[2:].view(np.int8)  # 32 signed bytes
-        out[b * BLOCK:(b + 1) * BLOCK] = d * codes.astype(np.float32)
+        out[b * BLOCK : (b + 1) * BLOCK] = d * codes.astype(np.float32)
     return out

@@ -28,13 +28,19 @@ Glossary: B batch, H heads, T positions, D head dim (even), D/2 channel pairs.
 
 from __future__ import annotations
 
-
 import torch
 
 from lib._checks import require_int, require_rank, require_real, require_same, require_tensor
 
-__all__ = ["LAYOUTS", "apply_rope", "apply_rope_ref", "rope_cos_sin", "rope_frequencies", "rotate_half",
-           "rotate_interleaved"]
+__all__ = [
+    "LAYOUTS",
+    "apply_rope",
+    "apply_rope_ref",
+    "rope_cos_sin",
+    "rope_frequencies",
+    "rotate_half",
+    "rotate_interleaved",
+]
 
 LAYOUTS = ("half", "interleaved")
 
@@ -79,7 +85,13 @@ def rope_frequencies(D: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def rope_cos_sin(
-    T: int, D: int, *, base: float = 10000.0, offset: int = 0, device=None, dtype=torch.float32,
+    T: int,
+    D: int,
+    *,
+    base: float = 10000.0,
+    offset: int = 0,
+    device=None,
+    dtype=torch.float32,
     layout: str = "half",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the angles p·θ_i for positions p = offset .. offset+T-1, each (T, D), laid
@@ -157,8 +169,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout:
     return out.to(x.dtype)
 
 
-def apply_rope_ref(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0, *,
-                   layout: str = "half") -> torch.Tensor:
+def apply_rope_ref(
+    x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0, *, layout: str = "half"
+) -> torch.Tensor:
     """The rotation, one channel pair at a time: pair i, (x_i, x_{i+D/2}) under layout="half" or
     (x_{2i}, x_{2i+1}) under "interleaved", at position p is multiplied by the 2x2 matrix
     [[cos pθ_i, -sin pθ_i], [sin pθ_i, cos pθ_i]]. Float64 throughout; slow; the yardstick for
@@ -171,7 +184,9 @@ def apply_rope_ref(x: torch.Tensor, positions: torch.Tensor, base: float = 10000
     if positions.dtype == torch.bool or positions.is_floating_point() or positions.is_complex():
         raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
     if tuple(positions.shape) != (T,):
-        raise ValueError(f"positions must have shape (T,) = ({T},) to match x (B, H, T, D), got {tuple(positions.shape)}")
+        raise ValueError(
+            f"positions must have shape (T,) = ({T},) to match x (B, H, T, D), got {tuple(positions.shape)}"
+        )
     require_same(("x", "positions"), (x, positions), "device")
     x64, p64 = x.to(torch.float64), positions.to(torch.float64)
     out = torch.empty_like(x64)

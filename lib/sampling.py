@@ -167,8 +167,9 @@ def _greedy_only(logits: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~keep, NEG_INF)
 
 
-def filter_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
     """Temperature, then top-k, then top-p (Hugging Face's order); logits (..., V) -> (..., V).
 
     softmax of the result is the distribution `sample_next_token` draws from. top_p acts on the
@@ -187,8 +188,14 @@ def filter_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int 
 
 
 # --------------------------------------------------------------------------- sampling
-def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
-                      top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """One next-token id per row: logits (B, V) -> (B,) int64.
 
     temperature == 0 is greedy decoding (argmax; top_k and top_p change nothing then). Otherwise
@@ -210,8 +217,9 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: 
     return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B, 1) -> (B,)
 
 
-def next_token_distribution(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
-                            top_p: float | None = None) -> dict[str, torch.Tensor]:
+def next_token_distribution(
+    logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> dict[str, torch.Tensor]:
     """Every step of `filter_logits` for one row of logits (V,), as (V,) tensors.
 
     "p_raw"          softmax(logits), float32
@@ -235,8 +243,14 @@ def next_token_distribution(logits: torch.Tensor, *, temperature: float = 1.0, t
     if temperature == 0:
         one_hot = _greedy_only(logits) > NEG_INF
         p = one_hot.float()
-        return {"p_raw": p_raw, "p_tempered": p, "kept_by_top_k": all_true, "kept_by_top_p": all_true.clone(),
-                "kept": one_hot, "p_final": p.clone()}
+        return {
+            "p_raw": p_raw,
+            "p_tempered": p,
+            "kept_by_top_k": all_true,
+            "kept_by_top_p": all_true.clone(),
+            "kept": one_hot,
+            "p_final": p.clone(),
+        }
     z = apply_temperature(logits - logits.max(), temperature)  # shifted: see sample_next_token
     zk = top_k_filter(z, top_k) if top_k is not None else z
     zp = top_p_filter(zk, top_p) if top_p is not None else zk

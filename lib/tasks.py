@@ -25,11 +25,19 @@ import torch
 import torch.nn.functional as F
 
 from lib._checks import require_int
-from lib.train import train, warmup_cosine
 from lib._replay import replayable
+from lib.train import train, warmup_cosine
 
-__all__ = ["BLANK", "IGNORE", "RECALL", "AssociativeRecall", "SelectiveCopying", "task_accuracy", "task_loss",
-           "train_on_task"]
+__all__ = [
+    "BLANK",
+    "IGNORE",
+    "RECALL",
+    "AssociativeRecall",
+    "SelectiveCopying",
+    "task_accuracy",
+    "task_loss",
+    "train_on_task",
+]
 
 BLANK, RECALL, IGNORE = 0, 1, -100
 
@@ -58,8 +66,10 @@ class SelectiveCopying:
         return self.n_data + self.n_blank + self.n_data
 
     def __repr__(self) -> str:
-        return (f"SelectiveCopying(n_data={self.n_data}, n_blank={self.n_blank}, n_symbols={self.n_symbols}): "
-                f"sequences of {self.seq_len} tokens, vocabulary {self.vocab_size}")
+        return (
+            f"SelectiveCopying(n_data={self.n_data}, n_blank={self.n_blank}, n_symbols={self.n_symbols}): "
+            f"sequences of {self.seq_len} tokens, vocabulary {self.vocab_size}"
+        )
 
     def __call__(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(idx (B, T), targets (B, T)): targets hold the symbols at the marker positions, -100 elsewhere."""
@@ -100,8 +110,10 @@ class AssociativeRecall:
         if n_pairs > n_keys:
             raise ValueError(f"n_pairs must be <= n_keys (keys are distinct), got n_pairs={n_pairs}, n_keys={n_keys}")
         if n_queries > n_pairs:
-            raise ValueError(f"n_queries must be <= n_pairs (each query asks a different stored key), got "
-                             f"n_queries={n_queries}, n_pairs={n_pairs}")
+            raise ValueError(
+                f"n_queries must be <= n_pairs (each query asks a different stored key), got "
+                f"n_queries={n_queries}, n_pairs={n_pairs}"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -112,8 +124,10 @@ class AssociativeRecall:
         return 2 * self.n_pairs + 1 + self.n_queries
 
     def __repr__(self) -> str:
-        return (f"AssociativeRecall(n_pairs={self.n_pairs}, n_queries={self.n_queries}, n_keys={self.n_keys}, "
-                f"n_values={self.n_values}): sequences of {self.seq_len} tokens, vocabulary {self.vocab_size}")
+        return (
+            f"AssociativeRecall(n_pairs={self.n_pairs}, n_queries={self.n_queries}, n_keys={self.n_keys}, "
+            f"n_values={self.n_values}): sequences of {self.seq_len} tokens, vocabulary {self.vocab_size}"
+        )
 
     def __call__(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(idx (B, T), targets (B, T)): targets hold the values at the query positions, -100 elsewhere."""
@@ -133,28 +147,36 @@ class AssociativeRecall:
         holding each query's value at the query's own position, -100 elsewhere."""
         for name, t in (("keys", keys), ("values", values), ("asked", asked)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.long or t.dim() != 2:
-                raise ValueError(f"{name} must be a 2-D torch.long tensor, got "
-                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+                raise ValueError(
+                    f"{name} must be a 2-D torch.long tensor, got "
+                    f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
+                )
         if values.shape != keys.shape or asked.shape[0] != keys.shape[0]:
-            raise ValueError(f"keys and values must have one shape (B, P) and asked (B, Q), got keys "
-                             f"{tuple(keys.shape)}, values {tuple(values.shape)}, asked {tuple(asked.shape)}")
+            raise ValueError(
+                f"keys and values must have one shape (B, P) and asked (B, Q), got keys "
+                f"{tuple(keys.shape)}, values {tuple(values.shape)}, asked {tuple(asked.shape)}"
+            )
         (batch, P), Q = keys.shape, asked.shape[1]
         if Q and (int(asked.min()) < 0 or int(asked.max()) >= P):
-            raise ValueError(f"asked must hold pair indices in [0, {P}), got values in [{int(asked.min())}, {int(asked.max())}]")
+            raise ValueError(
+                f"asked must hold pair indices in [0, {P}), got values in [{int(asked.min())}, {int(asked.max())}]"
+            )
         idx = torch.empty(batch, 2 * P + 1 + Q, dtype=torch.long)
-        idx[:, 0:2 * P:2], idx[:, 1:2 * P:2] = keys, values
+        idx[:, 0 : 2 * P : 2], idx[:, 1 : 2 * P : 2] = keys, values
         idx[:, 2 * P] = RECALL  # the separator
-        idx[:, 2 * P + 1:] = keys.gather(1, asked)
+        idx[:, 2 * P + 1 :] = keys.gather(1, asked)
         targets = torch.full_like(idx, IGNORE)
-        targets[:, 2 * P + 1:] = values.gather(1, asked)  # answered at the query itself: the next token
+        targets[:, 2 * P + 1 :] = values.gather(1, asked)  # answered at the query itself: the next token
         return idx, targets
 
     def describe(self, idx: torch.Tensor) -> str:
         """One sequence as text: keys k0.., values v0.., '|' the separator."""
+
         def name(t: int) -> str:
             if t == RECALL:
                 return "|"
             return f"k{t - 2}" if t < 2 + self.n_keys else f"v{t - 2 - self.n_keys}"
+
         return " ".join(name(int(t)) for t in idx)
 
 
@@ -162,8 +184,10 @@ def _logits(model, idx: torch.Tensor) -> torch.Tensor:
     out = model(idx)
     logits = out[0] if isinstance(out, tuple) else out
     if not (isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[:2] == idx.shape):
-        raise ValueError(f"model(idx) must return logits (B, T, V) for idx {tuple(idx.shape)}, "
-                         f"got {getattr(logits, 'shape', type(logits).__name__)}")
+        raise ValueError(
+            f"model(idx) must return logits (B, T, V) for idx {tuple(idx.shape)}, "
+            f"got {getattr(logits, 'shape', type(logits).__name__)}"
+        )
     return logits
 
 
@@ -174,9 +198,18 @@ def task_loss(model, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @replayable
-def train_on_task(model, task: Task, *, steps: int = 300, batch_size: int = 32, lr: float = 3e-3,
-                  weight_decay: float = 0.0, seed: int = 0, on_step=None,
-                  betas: tuple[float, float] = (0.9, 0.95)) -> list[float]:
+def train_on_task(
+    model,
+    task: Task,
+    *,
+    steps: int = 300,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    on_step=None,
+    betas: tuple[float, float] = (0.9, 0.95),
+) -> list[float]:
     """AdamW with a cosine schedule (5% warm-up) on fresh batches of `task` (`lib.train.train`);
     returns every step's loss.
     `on_step(step, loss)` is called after each step (e.g. widgets.LossCurve.update).
@@ -185,13 +218,24 @@ def train_on_task(model, task: Task, *, steps: int = 300, batch_size: int = 32, 
     plateau (answering with any value from the context) much later with β₂ = 0.95 than with 0.999."""
     require_int("steps", steps, minimum=1)
     require_int("batch_size", batch_size, minimum=1)
-    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
-            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+    if (
+        not isinstance(betas, (tuple, list))
+        or len(betas) != 2
+        or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)
+    ):
         raise ValueError(f"betas must be two numbers in [0, 1) (AdamW's β₁, β₂), got {betas!r}")
     g = torch.Generator().manual_seed(seed)
-    return train(model, lambda step: task(batch_size, g), lambda model, batch: task_loss(model, *batch), steps=steps,
-                 lr=lr, weight_decay=weight_decay, betas=tuple(betas), schedule=warmup_cosine(steps, max(1, steps // 20)),
-                 on_step=on_step)
+    return train(
+        model,
+        lambda step: task(batch_size, g),
+        lambda model, batch: task_loss(model, *batch),
+        steps=steps,
+        lr=lr,
+        weight_decay=weight_decay,
+        betas=tuple(betas),
+        schedule=warmup_cosine(steps, max(1, steps // 20)),
+        on_step=on_step,
+    )
 
 
 @torch.no_grad()
@@ -210,4 +254,3 @@ def task_accuracy(model, task: Task, *, batches: int = 4, batch_size: int = 64, 
         total += int(asked.sum())
     model.train(was_training)
     return right / total
-

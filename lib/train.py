@@ -50,10 +50,19 @@ def warmup_linear(steps: int, warmup: int) -> Callable[[int], float]:
     return lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
 
 
-def train(model: torch.nn.Module, next_batch: Callable, loss_of: Callable, *, steps: int, lr: float,
-          weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95),
-          schedule: Callable[[int], float] | None = None, clip_norm: float | None = 1.0,
-          on_step: Callable | None = None) -> list[float]:
+def train(
+    model: torch.nn.Module,
+    next_batch: Callable,
+    loss_of: Callable,
+    *,
+    steps: int,
+    lr: float,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.95),
+    schedule: Callable[[int], float] | None = None,
+    clip_norm: float | None = 1.0,
+    on_step: Callable | None = None,
+) -> list[float]:
     """Train `model` for `steps` steps; returns every step's loss (a float each).
 
     `next_batch(step)` gives a batch and `loss_of(model, batch)` its scalar loss. AdamW on the
@@ -107,9 +116,19 @@ def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, generator: torc
 
 
 @replayable
-def train_lm(model: torch.nn.Module, data: torch.Tensor, *, steps: int = 500, batch_size: int = 32, seq_len: int | None = None,
-              lr: float = 3e-3, weight_decay: float = 0.1, warmup: int | None = None, seed: int = 0,
-              on_step=None) -> list[float]:
+def train_lm(
+    model: torch.nn.Module,
+    data: torch.Tensor,
+    *,
+    steps: int = 500,
+    batch_size: int = 32,
+    seq_len: int | None = None,
+    lr: float = 3e-3,
+    weight_decay: float = 0.1,
+    warmup: int | None = None,
+    seed: int = 0,
+    on_step=None,
+) -> list[float]:
     """Next-token training on random windows of `data` (a 1-D token stream), by `train`: any model
     whose `forward(idx, targets)` returns (logits, loss) (GPT, MambaLM, the hybrid) and whose
     `config.block_size` gives the default window (or pass `seq_len`).
@@ -122,13 +141,28 @@ def train_lm(model: torch.nn.Module, data: torch.Tensor, *, steps: int = 500, ba
     seq_len = model.config.block_size if seq_len is None else seq_len
     g = torch.Generator().manual_seed(seed)
     warmup = max(1, steps // 20) if warmup is None else warmup
-    return train(model, lambda step: get_batch(data, batch_size, seq_len, g), lambda model, xy: model(*xy)[1],
-                 steps=steps, lr=lr, weight_decay=weight_decay, schedule=warmup_cosine(steps, warmup), on_step=on_step)
+    return train(
+        model,
+        lambda step: get_batch(data, batch_size, seq_len, g),
+        lambda model, xy: model(*xy)[1],
+        steps=steps,
+        lr=lr,
+        weight_decay=weight_decay,
+        schedule=warmup_cosine(steps, warmup),
+        on_step=on_step,
+    )
 
 
 @torch.no_grad()
-def evaluate_loss(model: torch.nn.Module, data: torch.Tensor, *, batches: int = 8, batch_size: int = 32,
-                  seq_len: int | None = None, seed: int = 1234) -> float:
+def evaluate_loss(
+    model: torch.nn.Module,
+    data: torch.Tensor,
+    *,
+    batches: int = 8,
+    batch_size: int = 32,
+    seq_len: int | None = None,
+    seed: int = 1234,
+) -> float:
     """Mean next-token loss (nats per token) on `batches` seeded random windows of `data`."""
     require_int("batches", batches, minimum=1)
     seq_len = model.config.block_size if seq_len is None else seq_len

@@ -46,8 +46,15 @@ def _geometric(rng: random.Random, mean: float) -> int:
     return 1 + int(math.log(u) / math.log(1.0 - 1.0 / mean))
 
 
-def make_workload(n_requests: int, *, seed: int = 0, arrival_rate: float = 1.0, prompt_mean: float = 200,
-                  output_mean: float = 200, max_len: int = 1024) -> list[Request]:
+def make_workload(
+    n_requests: int,
+    *,
+    seed: int = 0,
+    arrival_rate: float = 1.0,
+    prompt_mean: float = 200,
+    output_mean: float = 200,
+    max_len: int = 1024,
+) -> list[Request]:
     """`n_requests` synthetic requests, rid 0..n-1 in arrival order.
 
     Arrivals: a Poisson process with `arrival_rate` requests per step (exponential gaps with mean

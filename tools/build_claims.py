@@ -55,7 +55,7 @@ def render(notebooks: list[Path]) -> str:
         "*Not reproduced at this scale* means the measurement "
         "does not show the claim in the course's small models or short runs, which the evidence states, "
         "while the claim is about larger ones; it is a promise, not a verdict: the evidence ends with the "
-        "scale at which the claim would be decided (\"would be decided at: ...\"), a run the course "
+        'scale at which the claim would be decided ("would be decided at: ..."), a run the course '
         "does not make. *Arithmetic* marks an identity the cell recomputes from "
         "published sizes (a product, not an observation). *Needs a GPU* means this machine cannot "
         "measure the claim; the evidence says what would. A verdict read from a committed benchmark "
@@ -68,8 +68,9 @@ def render(notebooks: list[Path]) -> str:
     ]
     for nb, cell, c in rows:
         where = f'<a href="lessons/{nb.stem}.html#claim-{c.id}">{_md(titles.get(nb.stem, nb.stem))}, cell {cell}</a>'
-        lines.append(f"| {_md(c.statement)} (`{c.id}`) | {_md(c.source)} | {where} | {_md(c.evidence)} | "
-                     f"**{c.verdict}** |")
+        lines.append(
+            f"| {_md(c.statement)} (`{c.id}`) | {_md(c.source)} | {where} | {_md(c.evidence)} | **{c.verdict}** |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -35,10 +35,17 @@ DEFAULT_PORT = 8866  # Voilà's own default; `make demo DEMO_PORT=...` changes i
 # installed ipywidgets), JupyterLab's, and the two the figures render with. Voilà otherwise loads
 # every extension installed for JupyterLab, and some cannot run outside it (nbgrader's and
 # Notebook 7's fail on shared modules that only JupyterLab provides).
-EXTENSION_ALLOWLIST = ["@voila-dashboards/widgets-manager8", "@voila-dashboards/widgets-manager7",
-                       "@jupyter-widgets/jupyterlab-manager", "jupyterlab-plotly", "anywidget"]
-KEYS = ("Keys: <kbd>Tab</kbd> moves between controls, arrow keys move a focused slider, <kbd>N</kbd> / "
-        "<kbd>P</kbd> go to the next / previous widget, <kbd>I</kbd> back to this index.")
+EXTENSION_ALLOWLIST = [
+    "@voila-dashboards/widgets-manager8",
+    "@voila-dashboards/widgets-manager7",
+    "@jupyter-widgets/jupyterlab-manager",
+    "jupyterlab-plotly",
+    "anywidget",
+]
+KEYS = (
+    "Keys: <kbd>Tab</kbd> moves between controls, arrow keys move a focused slider, <kbd>N</kbd> / "
+    "<kbd>P</kbd> go to the next / previous widget, <kbd>I</kbd> back to this index."
+)
 
 
 def notebook_name(position: int, name: str) -> str:
@@ -71,25 +78,36 @@ def gallery_notebooks() -> dict[str, nbformat.NotebookNode]:
     titles = {lesson.stem: lesson.title for lesson in LESSONS}
     entries = [(notebook_name(i, name), exhibit) for i, (name, exhibit) in enumerate(GALLERY.items(), start=1)]
     rows = "\n".join(
-        f"| {i} | [{exhibit.title}]({file}) | {html.escape(titles.get(exhibit.lesson, exhibit.lesson))} | {exhibit.notice} |"
-        for i, (file, exhibit) in enumerate(entries, start=1))
+        f"| {i} | [{exhibit.title}]({file}) | {html.escape(titles.get(exhibit.lesson, exhibit.lesson))} | "
+        f"{exhibit.notice} |"
+        for i, (file, exhibit) in enumerate(entries, start=1)
+    )
     first = entries[0]
-    index = _notebook([new_markdown_cell(
-        f'<nav class="onemask-nav"><a rel="next" href="{first[0]}">start: {html.escape(first[1].title)} →</a></nav>\n\n'
-        "# One Mask: the widget gallery\n\n"
-        "Every live widget of the course, one per page, sized for a projector. Each page builds its widget "
-        "when it opens; the ones that show a trained model train a small one first (up to about 20 seconds).\n\n"
-        f"| # | widget | lesson | what to notice |\n|---|---|---|---|\n{rows}\n\n"
-        f'<p class="onemask-keys">{KEYS}</p>\n\n'
-        'From a notebook: `from widgets.gallery import present; present("kv_calculator")`.')])
+    index = _notebook(
+        [
+            new_markdown_cell(
+                f'<nav class="onemask-nav"><a rel="next" href="{first[0]}">start: '
+                f"{html.escape(first[1].title)} →</a></nav>\n\n"
+                "# One Mask: the widget gallery\n\n"
+                "Every live widget of the course, one per page, sized for a projector. Each page builds its widget "
+                "when it opens; the ones that show a trained model train a small one first (up to about 20 "
+                "seconds).\n\n"
+                f"| # | widget | lesson | what to notice |\n|---|---|---|---|\n{rows}\n\n"
+                f'<p class="onemask-keys">{KEYS}</p>\n\n'
+                'From a notebook: `from widgets.gallery import present; present("kv_calculator")`.'
+            )
+        ]
+    )
     out = {"index.ipynb": index}
     for i, (file, exhibit) in enumerate(entries):
         prev = (entries[i - 1][0], entries[i - 1][1].title) if i > 0 else None
         nxt = (entries[i + 1][0], entries[i + 1][1].title) if i + 1 < len(entries) else None
-        out[file] = _notebook([
-            new_markdown_cell(_nav(prev, nxt)),
-            new_code_cell(f"from widgets.gallery import present\n\npresent({exhibit.name!r})"),
-        ])
+        out[file] = _notebook(
+            [
+                new_markdown_cell(_nav(prev, nxt)),
+                new_code_cell(f"from widgets.gallery import present\n\npresent({exhibit.name!r})"),
+            ]
+        )
     return out
 
 
@@ -125,10 +143,18 @@ def write_gallery(out: Path) -> Path:
 def voila_command(out: Path, port: int, token: str) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) that serve the gallery written under `out` on 127.0.0.1:`port`."""
     voila = Path(sys.executable).parent / "voila"
-    argv = [str(voila) if voila.exists() else "voila", str(out / "notebooks"), f"--template={TEMPLATE_NAME}",
-            "--no-browser", "--Voila.ip=127.0.0.1", f"--port={port}", "--Voila.port_retries=0",
-            f"--Voila.token={token}", "--show_tracebacks=True",
-            *(f"--VoilaConfiguration.extension_allowlist={name}" for name in EXTENSION_ALLOWLIST)]
+    argv = [
+        str(voila) if voila.exists() else "voila",
+        str(out / "notebooks"),
+        f"--template={TEMPLATE_NAME}",
+        "--no-browser",
+        "--Voila.ip=127.0.0.1",
+        f"--port={port}",
+        "--Voila.port_retries=0",
+        f"--Voila.token={token}",
+        "--show_tracebacks=True",
+        *(f"--VoilaConfiguration.extension_allowlist={name}" for name in EXTENSION_ALLOWLIST),
+    ]
     # the template is found through the Jupyter data path; keep whatever the caller had after it
     path = os.pathsep.join(p for p in (str(out / "share"), os.environ.get("JUPYTER_PATH", "")) if p)
     return argv, {**os.environ, "JUPYTER_PATH": path}
@@ -145,8 +171,10 @@ def main() -> None:
     if args.serve:
         token = secrets.token_hex(24)
         argv, env = voila_command(out, args.port, token)
-        print(f"\n  One Mask gallery in Voilà: http://127.0.0.1:{args.port}/voila/render/index.ipynb?token={token}\n",
-              flush=True)
+        print(
+            f"\n  One Mask gallery in Voilà: http://127.0.0.1:{args.port}/voila/render/index.ipynb?token={token}\n",
+            flush=True,
+        )
         os.execvpe(argv[0], argv, env)
 
 

@@ -20,9 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = ROOT / "lessons"
 FIRST_LINE = "# Colab, Kaggle, a JupyterHub, VS Code: get the course's files where they are missing."
-TAGS = "remove-cell"  # only for hosted notebooks: the book leaves it out (its hide-input toggle failed the axe scan: a <summary> whose text is not in its accessible name)
+# only for hosted notebooks: the book leaves it out (its hide-input toggle failed the axe scan:
+# a <summary> whose text is not in its accessible name)
+TAGS = "remove-cell"
 DOCTOR = "```{code-cell} ipython3\n:tags: [nbval-ignore-output]\n\nfrom lib.course import doctor\n"
-CELL = re.compile(r"```\{code-cell\} ipython3\n(?::tags: \[[^\]]*\]\n)?\n" + re.escape(FIRST_LINE) + r"\n.*?\n```\n\n", re.S)
+CELL = re.compile(
+    r"```\{code-cell\} ipython3\n(?::tags: \[[^\]]*\]\n)?\n" + re.escape(FIRST_LINE) + r"\n.*?\n```\n\n", re.S
+)
 
 
 def repository(root: Path = ROOT) -> str:
@@ -33,37 +37,45 @@ def repository(root: Path = ROOT) -> str:
 def setup_source(url: str) -> str:
     """The cell's code: short, read by students; the work is in lib/course/hosted.py."""
     if not isinstance(url, str) or any(c in url for c in "\"'\\{}\n "):
-        raise ValueError(f"[tool.onemask] repository must be a plain URL (no quotes, braces, spaces or backslashes), got {url!r}")
+        raise ValueError(
+            f"[tool.onemask] repository must be a plain URL (no quotes, braces, spaces or backslashes), got {url!r}"
+        )
     head = [FIRST_LINE, "# In the course's own JupyterLab (`make lab`), or once installed, this does nothing."]
     if not url:
-        return "\n".join(head + [
-            "import importlib.util",
+        return "\n".join(
+            head
+            + [
+                "import importlib.util",
+                "",
+                'if importlib.util.find_spec("lib") is None:',
+                "    raise SystemExit(",
+                '        "This lesson needs the course\'s files: download the course (git clone, "',
+                '        "or its zip unpacked here), run `python lib/course/hosted.py` in its "',
+                '        "folder (it installs only what this Python lacks and keeps its torch), "',
+                '        "then restart the kernel and run this notebook again."',
+                "    )",
+            ]
+        )
+    return "\n".join(
+        head
+        + [
+            "import importlib.util, os, runpy, shutil, subprocess",
             "",
             'if importlib.util.find_spec("lib") is None:',
-            "    raise SystemExit(",
-            '        "This lesson needs the course\'s files: download the course (git clone, "',
-            '        "or its zip unpacked here), run `python lib/course/hosted.py` in its "',
-            '        "folder (it installs only what this Python lacks and keeps its torch), "',
-            '        "then restart the kernel and run this notebook again."',
-            "    )",
-        ])
-    return "\n".join(head + [
-        "import importlib.util, os, runpy, shutil, subprocess",
-        "",
-        'if importlib.util.find_spec("lib") is None:',
-        f'    REPOSITORY = "{url}"',
-        '    COURSE = os.path.expanduser("~/one-mask")',
-        '    fetch = ["git", "clone", "--quiet", "--depth=1", REPOSITORY, COURSE]',
-        '    no_git = shutil.which("git") is None',
-        "    if not os.path.isdir(COURSE) and (no_git or subprocess.run(fetch).returncode):",
-        "        raise SystemExit(",
-        '            f"Could not download {REPOSITORY} (no network, or no git?). Copy the "',
-        '            f"course here another way, unpacked into {COURSE}, and run this cell again."',
-        "        )",
-        "    # installs what is missing",
-        '    hosted = os.path.join(COURSE, "lib", "course", "hosted.py")',
-        '    runpy.run_path(hosted, run_name="__main__")',
-    ])
+            f'    REPOSITORY = "{url}"',
+            '    COURSE = os.path.expanduser("~/one-mask")',
+            '    fetch = ["git", "clone", "--quiet", "--depth=1", REPOSITORY, COURSE]',
+            '    no_git = shutil.which("git") is None',
+            "    if not os.path.isdir(COURSE) and (no_git or subprocess.run(fetch).returncode):",
+            "        raise SystemExit(",
+            '            f"Could not download {REPOSITORY} (no network, or no git?). Copy the "',
+            '            f"course here another way, unpacked into {COURSE}, and run this cell again."',
+            "        )",
+            "    # installs what is missing",
+            '    hosted = os.path.join(COURSE, "lib", "course", "hosted.py")',
+            '    runpy.run_path(hosted, run_name="__main__")',
+        ]
+    )
 
 
 def setup_cell(url: str) -> str:
@@ -90,8 +102,10 @@ def main(argv: list[str]) -> int:
                 md.write_text(new)
                 print(f"updated {md.relative_to(ROOT)}")
     if stale and "--check" in argv:
-        print("lessons without the current setup cell (run `python tools/sync_setup_cell.py`, then "
-              "`make notebooks`):\n  " + "\n  ".join(map(str, stale)))
+        print(
+            "lessons without the current setup cell (run `python tools/sync_setup_cell.py`, then "
+            "`make notebooks`):\n  " + "\n  ".join(map(str, stale))
+        )
         return 1
     return 0
 

@@ -45,8 +45,10 @@ except Exception as e:  # a cell timed out or the kernel died
     failure = f"{type(e).__name__}: {e}"
 errors = [f"cell {i}: {o.get('ename')}: {o.get('evalue')}" for i, c in enumerate(nb.cells) if c.cell_type == "code"
           for o in c.get("outputs", []) if o.get("output_type") == "error"]
-text = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "stream"]
-print(json.dumps({"errors": errors + ([failure] if failure else []), "seconds": time.perf_counter() - start, "stdout": "".join(text)[-3000:]}))
+text = [o.get("text", "") for c in nb.cells if c.cell_type == "code"
+        for o in c.get("outputs", []) if o.get("output_type") == "stream"]
+print(json.dumps({"errors": errors + ([failure] if failure else []), "seconds": time.perf_counter() - start,
+                  "stdout": "".join(text)[-3000:]}))
 """
 
 
@@ -57,8 +59,16 @@ def sh(cmd, **kwargs) -> subprocess.CompletedProcess:
 
 def snapshot(dest: Path) -> str:
     """The working tree as a git repository at dest; returns its file:// URL."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           check=True, capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         if (ROOT / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -70,8 +80,9 @@ def snapshot(dest: Path) -> str:
 
 
 def execute(python: Path, notebook: Path, cwd: Path, env: dict) -> dict:
-    run = subprocess.run([str(python), "-c", EXECUTE, str(notebook), str(CELL_TIMEOUT)], cwd=cwd, env=env,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [str(python), "-c", EXECUTE, str(notebook), str(CELL_TIMEOUT)], cwd=cwd, env=env, capture_output=True, text=True
+    )
     if run.returncode:
         return {"errors": [f"nbclient exited {run.returncode}: {run.stderr[-2000:]}"], "seconds": 0, "stdout": ""}
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -79,7 +90,10 @@ def execute(python: Path, notebook: Path, cwd: Path, env: dict) -> dict:
 
 def main() -> int:
     if sys.version_info[:2] != (3, 11):
-        print(f"run this with Python 3.11 (torch {TORCH} lies on these machines' disk for 3.11), not {sys.version.split()[0]}")
+        print(
+            f"run this with Python 3.11 (torch {TORCH} lies on these machines' disk for 3.11), not "
+            f"{sys.version.split()[0]}"
+        )
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="onemask-hosted-"))
     repo, home, work = tmp / "repo", tmp / "home", tmp / "work"
@@ -96,27 +110,43 @@ def main() -> int:
     env.update(HOME=str(home), PATH=f"{python.parent}:{env['PATH']}", OMP_NUM_THREADS="2", PYTHONHASHSEED="0")
     print(f"setup: {time.perf_counter() - start:.0f} s", flush=True)
 
-    setup = {"cells": [{"cell_type": "code", "execution_count": None, "id": "setup", "metadata": {}, "outputs": [],
-                        "source": setup_source(url)}],
-             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-             "nbformat": 4, "nbformat_minor": 5}
+    setup = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": "setup",
+                "metadata": {},
+                "outputs": [],
+                "source": setup_source(url),
+            }
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (work / "setup.ipynb").write_text(json.dumps(setup))
     failures = []
     result = execute(python, work / "setup.ipynb", work, env)
     print(f"setup cell ({result['seconds']:.0f} s):\n{result['stdout']}", flush=True)
     failures += [f"setup cell: {e}" for e in result["errors"]]
 
-    probe = ("import importlib.util as u, torch; print(torch.__version__, "
-             "[m for m in ('pytest', 'jupyter_book', 'playwright') if u.find_spec(m)])")
-    torch_version, tools = subprocess.run([str(python), "-c", probe], env=env, capture_output=True, text=True,
-                                          cwd=work).stdout.split(" ", 1)
+    probe = (
+        "import importlib.util as u, torch; print(torch.__version__, "
+        "[m for m in ('pytest', 'jupyter_book', 'playwright') if u.find_spec(m)])"
+    )
+    torch_version, tools = subprocess.run(
+        [str(python), "-c", probe], env=env, capture_output=True, text=True, cwd=work
+    ).stdout.split(" ", 1)
     print(f"after the setup cell: torch {torch_version}, contributor tools present: {tools.strip()}")
     if torch_version.split("+")[0] != TORCH:
         failures.append(f"the setup replaced torch {TORCH} with {torch_version}")
     if tools.strip() != "[]":
         failures.append(f"contributor tools were installed: {tools.strip()}")
-    model = ("import importlib.util as u; from lib import smollm2; print(smollm2.status()); "
-             "print([m for m in ('llm', 'llama_cpp') if u.find_spec(m)])")
+    model = (
+        "import importlib.util as u; from lib import smollm2; print(smollm2.status()); "
+        "print([m for m in ('llm', 'llama_cpp') if u.find_spec(m)])"
+    )
     probed = subprocess.run([str(python), "-c", model], env=env, capture_output=True, text=True, cwd=work)
     status, unwanted = (probed.stdout.strip().splitlines() + [probed.stderr[-500:], "?"])[:2]
     print(f"SmolLM2: {status}; its unwanted dependencies present: {unwanted}")

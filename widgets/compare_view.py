@@ -23,19 +23,37 @@ __all__ = ["METRICS", "CompareView", "compare_figure", "seed_range_figure"]
 
 # metric: (title, x axis, y axis, x log?, y log?)
 METRICS = {
-    "recall": ("Associative recall: accuracy against the number of stored pairs", "key-value pairs P",
-               "answer accuracy", False, False),
-    "copy": ("Selective copying: accuracy against sequence length", "sequence length T (tokens)", "answer accuracy",
-             True, False),
+    "recall": (
+        "Associative recall: accuracy against the number of stored pairs",
+        "key-value pairs P",
+        "answer accuracy",
+        False,
+        False,
+    ),
+    "copy": (
+        "Selective copying: accuracy against sequence length",
+        "sequence length T (tokens)",
+        "answer accuracy",
+        True,
+        False,
+    ),
     "flops": ("Forward FLOPs against sequence length", "sequence length T (tokens)", "FLOPs per forward", True, True),
-    "memory": ("Decoding state against context length (fp32, batch 1)", "context length S (tokens)", "bytes", True, True),
+    "memory": (
+        "Decoding state against context length (fp32, batch 1)",
+        "context length S (tokens)",
+        "bytes",
+        True,
+        True,
+    ),
 }
 SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross"]
 
 
 def _check(results, metric: str):
     if not isinstance(results, dict) or not results:
-        raise ValueError(f"results must be a non-empty dict {{metric: {{architecture: (xs, ys)}}}}, got {type(results).__name__}")
+        raise ValueError(
+            f"results must be a non-empty dict {{metric: {{architecture: (xs, ys)}}}}, got {type(results).__name__}"
+        )
     unknown = [m for m in results if m not in METRICS]
     if unknown:
         raise ValueError(f"unknown metrics {unknown}: results keys must be among {list(METRICS)}")
@@ -44,12 +62,16 @@ def _check(results, metric: str):
     for name, series in results[metric].items():
         xs, ys = series
         if len(xs) != len(ys) or not xs:
-            raise ValueError(f"results[{metric!r}][{name!r}] must be (xs, ys) of one non-zero length, got {len(xs)} and {len(ys)}")
+            raise ValueError(
+                f"results[{metric!r}][{name!r}] must be (xs, ys) of one non-zero length, got {len(xs)} and {len(ys)}"
+            )
         for y in ys:
             vs = list(y) if isinstance(y, (list, tuple)) else [y]
             if not vs or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vs):
-                raise ValueError(f"results[{metric!r}][{name!r}] ys must be numbers or non-empty lists of numbers "
-                                 f"(one per seed), got {y!r}")
+                raise ValueError(
+                    f"results[{metric!r}][{name!r}] ys must be numbers or non-empty lists of numbers "
+                    f"(one per seed), got {y!r}"
+                )
 
 
 def _spread(ys) -> tuple[list[float], dict | None]:
@@ -59,12 +81,22 @@ def _spread(ys) -> tuple[list[float], dict | None]:
     mean = [float(f"{sum(v) / len(v):.4g}") for v in seeds]
     if all(len(v) == 1 for v in seeds):
         return mean, None
-    return mean, dict(type="data", symmetric=False, array=[float(f"{max(v) - m:.4g}") for v, m in zip(seeds, mean)],
-                      arrayminus=[float(f"{m - min(v):.4g}") for v, m in zip(seeds, mean)])
+    return mean, dict(
+        type="data",
+        symmetric=False,
+        array=[float(f"{max(v) - m:.4g}") for v, m in zip(seeds, mean)],
+        arrayminus=[float(f"{m - min(v):.4g}") for v, m in zip(seeds, mean)],
+    )
 
 
-def compare_figure(results: dict, metric: str = "recall", *, overlay: dict | None = None, label: str | None = None,
-                   overlay_label: str = "this page's run") -> go.Figure:
+def compare_figure(
+    results: dict,
+    metric: str = "recall",
+    *,
+    overlay: dict | None = None,
+    label: str | None = None,
+    overlay_label: str = "this page's run",
+) -> go.Figure:
     """One metric, one line per architecture at the mean over its seeds, a bar from the lowest seed
     to the highest (values rounded to 4 significant digits); `overlay`'s lines dotted beside them,
     where it measured the metric. Trace names: the architecture, then `label` or `overlay_label` in
@@ -74,21 +106,40 @@ def compare_figure(results: dict, metric: str = "recall", *, overlay: dict | Non
     fig = go.Figure()
     for i, (name, (xs, ys)) in enumerate(results[metric].items()):
         mean, bars = _spread(ys)
-        fig.add_scatter(x=list(xs), y=mean, name=name if label is None else f"{name} ({label})",
-                        mode="lines+markers", line=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
-                        marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=9), error_y=bars, legendgroup=name)
+        fig.add_scatter(
+            x=list(xs),
+            y=mean,
+            name=name if label is None else f"{name} ({label})",
+            mode="lines+markers",
+            line=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
+            marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=9),
+            error_y=bars,
+            legendgroup=name,
+        )
     if overlay is not None and metric in overlay:
         _check(overlay, metric)
         colour = {name: OKABE_ITO[i % len(OKABE_ITO)] for i, name in enumerate(results[metric])}
         for i, (name, (xs, ys)) in enumerate(overlay[metric].items()):
             mean, bars = _spread(ys)
-            fig.add_scatter(x=list(xs), y=mean, name=f"{name} ({overlay_label})", mode="lines+markers",
-                            line=dict(color=colour.get(name, OKABE_ITO[i % len(OKABE_ITO)]), dash="dot", width=1.5),
-                            marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=6, opacity=0.6), error_y=bars,
-                            legendgroup=name)
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=420,
-                      xaxis_type="log" if x_log else "linear", yaxis_type="log" if y_log else "linear",
-                      legend_title_text="architecture")
+            fig.add_scatter(
+                x=list(xs),
+                y=mean,
+                name=f"{name} ({overlay_label})",
+                mode="lines+markers",
+                line=dict(color=colour.get(name, OKABE_ITO[i % len(OKABE_ITO)]), dash="dot", width=1.5),
+                marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=6, opacity=0.6),
+                error_y=bars,
+                legendgroup=name,
+            )
+    fig.update_layout(
+        title=title,
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        height=420,
+        xaxis_type="log" if x_log else "linear",
+        yaxis_type="log" if y_log else "linear",
+        legend_title_text="architecture",
+    )
     if not y_log:
         fig.update_yaxes(range=[0, 1.02])
     return fig
@@ -97,8 +148,15 @@ def compare_figure(results: dict, metric: str = "recall", *, overlay: dict | Non
 class CompareView:
     """Live face: a menu of the measured metrics above the figure, redrawn in place."""
 
-    def __init__(self, results: dict, metric: str | None = None, *, overlay: dict | None = None,
-                 label: str | None = None, overlay_label: str = "this page's run"):
+    def __init__(
+        self,
+        results: dict,
+        metric: str | None = None,
+        *,
+        overlay: dict | None = None,
+        label: str | None = None,
+        overlay_label: str = "this page's run",
+    ):
         import ipywidgets as W
 
         if metric is None and isinstance(results, dict) and results:
@@ -109,8 +167,13 @@ class CompareView:
                 _check(overlay, m)
         self.results, self.overlay = results, overlay
         self._labels = dict(label=label, overlay_label=overlay_label)
-        self.menu = W.Dropdown(options=[(METRICS[m][0], m) for m in results], value=metric, description="measurement",
-                               style={"description_width": "initial"}, layout=W.Layout(width="640px"))
+        self.menu = W.Dropdown(
+            options=[(METRICS[m][0], m) for m in results],
+            value=metric,
+            description="measurement",
+            style={"description_width": "initial"},
+            layout=W.Layout(width="640px"),
+        )
         self.figure = go.FigureWidget(self._figure(metric))
         self.menu.observe(self._on_change, names="value")
         self.controls = {"metric": self.menu}
@@ -157,8 +220,15 @@ def _per_seed(label, values) -> dict[int, list[float]]:
     return out
 
 
-def seed_range_figure(lines: dict, *, title: str, x_title: str, y_title: str = "answer accuracy",
-                      log_x: bool = False, styles: dict | None = None) -> go.Figure:
+def seed_range_figure(
+    lines: dict,
+    *,
+    title: str,
+    x_title: str,
+    y_title: str = "answer accuracy",
+    log_x: bool = False,
+    styles: dict | None = None,
+) -> go.Figure:
     """One line per entry of `lines` ({label: {x: value, or [one value per seed]}}): the mean over the
     seeds, with a bar from the lowest seed to the highest where there are several. `styles` gives a
     label its plotly line style (dict(color=..., dash=...)). Values are rounded to 3 decimals."""
@@ -171,13 +241,28 @@ def seed_range_figure(lines: dict, *, title: str, x_title: str, y_title: str = "
         xs = sorted(seeds)
         mean = [sum(seeds[x]) / len(seeds[x]) for x in xs]
         spread = any(len(seeds[x]) > 1 for x in xs)
-        fig.add_scatter(x=xs, y=[round(m, 3) for m in mean], name=label, mode="lines+markers",
-                        line=styles.get(label, dict(color=OKABE_ITO[i % len(OKABE_ITO)])),
-                        marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=8),
-                        error_y=dict(type="data", symmetric=False,
-                                     array=[round(max(seeds[x]) - m, 3) for x, m in zip(xs, mean)],
-                                     arrayminus=[round(m - min(seeds[x]), 3) for x, m in zip(xs, mean)])
-                        if spread else None)
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, xaxis_type="log" if log_x else "linear",
-                      yaxis_range=[0, 1.05], height=420)
+        fig.add_scatter(
+            x=xs,
+            y=[round(m, 3) for m in mean],
+            name=label,
+            mode="lines+markers",
+            line=styles.get(label, dict(color=OKABE_ITO[i % len(OKABE_ITO)])),
+            marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=8),
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=[round(max(seeds[x]) - m, 3) for x, m in zip(xs, mean)],
+                arrayminus=[round(m - min(seeds[x]), 3) for x, m in zip(xs, mean)],
+            )
+            if spread
+            else None,
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        xaxis_type="log" if log_x else "linear",
+        yaxis_range=[0, 1.05],
+        height=420,
+    )
     return fig

@@ -93,7 +93,7 @@ def _sampling_knobs():
     @torch.no_grad()
     def next_logits(prompt: str) -> torch.Tensor:
         known = "".join(c for c in prompt.lower() if c in vocab.stoi)
-        idx = vocab.encode(("\n" + known)[-(gpt.config.block_size - 1):])[None]  # (1, T)
+        idx = vocab.encode(("\n" + known)[-(gpt.config.block_size - 1) :])[None]  # (1, T)
         return gpt(idx)[0, -1]  # (V,)
 
     return SamplingKnobs(next_logits, vocab.itos, prompt="ana went to the ").widget
@@ -146,36 +146,76 @@ def _router_animator():
     return RouterView(demos.moe_runs()).widget
 
 
-GALLERY: dict[str, Exhibit] = {e.name: e for e in (
-    Exhibit("mask_explorer", "The mask explorer: one equation, one mask", "01-masking-equation",
+GALLERY: dict[str, Exhibit] = {
+    e.name: e
+    for e in (
+        Exhibit(
+            "mask_explorer",
+            "The mask explorer: one equation, one mask",
+            "01-masking-equation",
             "Switch the mask from bidirectional to causal: every −∞ in M becomes a weight of exactly 0, "
-            "and each row of the weights still sums to 1.", _mask_explorer),
-    Exhibit("mlm_corruption", "MLM corruption: what BERT is asked to predict", "02-bert",
+            "and each row of the weights still sums to 1.",
+            _mask_explorer,
+        ),
+        Exhibit(
+            "mlm_corruption",
+            "MLM corruption: what BERT is asked to predict",
+            "02-bert",
             "About 15% of the tokens are selected; most of those become [MASK], some a random token, some "
             "stay as they were, and the label row shows that only selected positions count in the loss.",
-            _mlm_corruption),
-    Exhibit("sampling_knobs", "Sampling knobs: temperature, top-k, top-p", "03-gpt",
+            _mlm_corruption,
+        ),
+        Exhibit(
+            "sampling_knobs",
+            "Sampling knobs: temperature, top-k, top-p",
+            "03-gpt",
             "Lower the temperature and the favourite character takes the mass; top-k and top-p cut the "
-            "tail and share what was cut among the tokens that remain.", _sampling_knobs),
-    Exhibit("kv_calculator", "The KV calculator: weights and cache against GPU memory", "04-kv-cache",
+            "tail and share what was cut among the tokens that remain.",
+            _sampling_knobs,
+        ),
+        Exhibit(
+            "kv_calculator",
+            "The KV calculator: weights and cache against GPU memory",
+            "04-kv-cache",
             "The cache grows in proportion to batch × context; fewer KV heads (grouped-query attention) "
-            "divide it, and decide how many users fit beside the weights.", _kv_calculator),
-    Exhibit("paging_simulator", "The paging simulator: where KV memory goes", "04-kv-cache",
+            "divide it, and decide how many users fit beside the weights.",
+            _kv_calculator,
+        ),
+        Exhibit(
+            "paging_simulator",
+            "The paging simulator: where KV memory goes",
+            "04-kv-cache",
             "Contiguous allocation reserves each request's maximum length up front and leaves most of it "
             "empty; paging hands out small blocks as tokens arrive, so more requests run at once.",
-            _paging_simulator),
-    Exhibit("tile_schedule", "The tile schedule of a flash-attention kernel", "05-attention-kernels",
+            _paging_simulator,
+        ),
+        Exhibit(
+            "tile_schedule",
+            "The tile schedule of a flash-attention kernel",
+            "05-attention-kernels",
             "With the causal mask on, every tile above the diagonal is skipped: nearly half of the work "
-            "disappears, and only the tiles on the diagonal need an element mask.", _tile_schedule),
-    Exhibit("ssm_state_animator", "The SSM state animator: selective vs fixed", "06-mamba",
+            "disappears, and only the tiles on the diagonal need an element mask.",
+            _tile_schedule,
+        ),
+        Exhibit(
+            "ssm_state_animator",
+            "The SSM state animator: selective vs fixed",
+            "06-mamba",
             "Step through the tokens: the selective model's step size Δ changes with the token, so symbols "
             "and blanks move its state differently; the fixed model treats every token alike.",
-            _ssm_state_animator),
-    Exhibit("router_animator", "The router animator: experts' load over training", "07-moe",
+            _ssm_state_animator,
+        ),
+        Exhibit(
+            "router_animator",
+            "The router animator: experts' load over training",
+            "07-moe",
             "With a balance loss (α = 0.1) the auxiliary loss sits near its floor K = 2 and the busiest "
             "expert takes about a third more than the even share 1/E (the dashed line), while without it "
-            "(α = 0) the busiest expert takes over twice its share.", _router_animator),
-)}
+            "(α = 0) the busiest expert takes over twice its share.",
+            _router_animator,
+        ),
+    )
+}
 
 
 def names() -> list[str]:
@@ -202,7 +242,9 @@ def use_presenter_template() -> None:
     from widgets._render import OKABE_ITO, TEMPLATE
 
     # the course template (what use_stable_renderer registers), built here if it is not registered yet
-    template = go.layout.Template(pio.templates[TEMPLATE] if TEMPLATE in pio.templates else pio.templates["plotly_white"])
+    template = go.layout.Template(
+        pio.templates[TEMPLATE] if TEMPLATE in pio.templates else pio.templates["plotly_white"]
+    )
     template.layout.colorway = OKABE_ITO
     template.layout.font.size = PRESENTER_FONT
     template.layout.hoverlabel.font.size = PRESENTER_FONT
@@ -219,9 +261,11 @@ def presented(name: str):
     exhibit = _exhibit(name)
     use_presenter_template()
     widget = exhibit.builder()
-    header = W.HTML(f"<style>{PRESENTER_CSS}</style>"
-                    f"<h1 class='onemask-present-title'>{html.escape(exhibit.title)}</h1>"
-                    f"<p class='onemask-present-notice'><b>What to notice:</b> {html.escape(exhibit.notice)}</p>")
+    header = W.HTML(
+        f"<style>{PRESENTER_CSS}</style>"
+        f"<h1 class='onemask-present-title'>{html.escape(exhibit.title)}</h1>"
+        f"<p class='onemask-present-notice'><b>What to notice:</b> {html.escape(exhibit.notice)}</p>"
+    )
     box = W.VBox([header, widget], layout=W.Layout(width="100%"))
     box.add_class(PRESENT_CLASS)
     box.add_class(f"onemask-exhibit-{name}")

@@ -88,15 +88,27 @@ class KVCalcState:
         s = self.clamped()
         if s.model != CUSTOM:
             return PUBLIC_CONFIGS[s.model]
-        return ModelShape(CUSTOM, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.n_heads * s.head_dim,
-                          estimate_params(s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim), CUSTOM_SOURCE)
+        return ModelShape(
+            CUSTOM,
+            s.n_layers,
+            s.n_heads,
+            s.n_kv_heads,
+            s.head_dim,
+            s.n_heads * s.head_dim,
+            estimate_params(s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim),
+            CUSTOM_SOURCE,
+        )
 
 
 def _check_state(state: KVCalcState) -> None:
     if not isinstance(state, KVCalcState):
         raise TypeError(f"state must be a KVCalcState, got {type(state).__name__}")
-    for name, choices in (("model", MODELS), ("dtype", tuple(DTYPE_BYTES)), ("weight_dtype", tuple(DTYPE_BYTES)),
-                          ("gpu", tuple(GPU_MEMORY_GB))):
+    for name, choices in (
+        ("model", MODELS),
+        ("dtype", tuple(DTYPE_BYTES)),
+        ("weight_dtype", tuple(DTYPE_BYTES)),
+        ("gpu", tuple(GPU_MEMORY_GB)),
+    ):
         value = getattr(state, name)
         if not isinstance(value, str) or value not in choices:
             raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
@@ -121,8 +133,12 @@ def calculator_numbers(state: KVCalcState) -> dict:
     cache, weights = shape.cache_bytes(state.batch, state.context, bpe), shape.weight_bytes(w_bpe)
     budget = {"memory_bytes": memory, "bytes_per_elem": bpe, "weight_bytes_per_elem": w_bpe}
     return {
-        "shape": shape, "cache_bytes": cache, "weight_bytes": weights, "total_bytes": cache + weights,
-        "memory_bytes": memory, "fits": cache + weights <= memory,
+        "shape": shape,
+        "cache_bytes": cache,
+        "weight_bytes": weights,
+        "total_bytes": cache + weights,
+        "memory_bytes": memory,
+        "fits": cache + weights <= memory,
         "max_batch": max_batch(shape, seq_len=state.context, **budget),
         "max_context": max_context(shape, batch=state.batch, **budget),
     }
@@ -187,26 +203,63 @@ def kv_calculator_figure(state: KVCalcState | None = None, *, buttons: bool = Fa
     n = calculator_numbers(state)
     d = _bar_data(state, n)
     hover = "%{fullData.name}: %{customdata[0]} bytes = %{customdata[1]}<extra></extra>"
-    bar = {"y": [0], "orientation": "h", "textposition": "inside", "insidetextanchor": "middle",
-           "textfont": {"size": 13}, "hovertemplate": hover, "width": 0.5}
+    bar = {
+        "y": [0],
+        "orientation": "h",
+        "textposition": "inside",
+        "insidetextanchor": "middle",
+        "textfont": {"size": 13},
+        "hovertemplate": hover,
+        "width": 0.5,
+    }
     gpu_gb, memory = _gb(n["memory_bytes"]), n["memory_bytes"]
     hatch = {"shape": "/", "fgcolor": "#ffffff", "fgopacity": 0.35}  # the cache differs by texture too
-    fig = go.Figure([
-        go.Bar(x=d["x"][0], text=d["text"][0], customdata=d["customdata"][0], name=d["name"][0],
-               marker={"color": WEIGHTS_COLOUR}, **bar),
-        go.Bar(x=d["x"][1], text=d["text"][1], customdata=d["customdata"][1], name=d["name"][1],
-               marker={"color": CACHE_COLOUR, "pattern": hatch}, **bar),
-        go.Scatter(x=[gpu_gb, gpu_gb], y=[-0.45, 0.45], mode="lines+text", name=f"GPU memory: {state.gpu}",
-                   text=["", f"GPU: {state.gpu}"], textposition="top center", cliponaxis=False,
-                   line={"color": GPU_COLOUR, "dash": "dash", "width": 3},
-                   hovertemplate=f"GPU memory: {memory:,} bytes = {format_bytes(memory)}<extra></extra>"),
-    ])
-    fig.update_xaxes(title_text="memory (GB = 10⁹ bytes)", range=_x_range(n), rangemode="tozero", showgrid=True,
-                     gridcolor="#e5e5e5", zeroline=False)
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=d["x"][0],
+                text=d["text"][0],
+                customdata=d["customdata"][0],
+                name=d["name"][0],
+                marker={"color": WEIGHTS_COLOUR},
+                **bar,
+            ),
+            go.Bar(
+                x=d["x"][1],
+                text=d["text"][1],
+                customdata=d["customdata"][1],
+                name=d["name"][1],
+                marker={"color": CACHE_COLOUR, "pattern": hatch},
+                **bar,
+            ),
+            go.Scatter(
+                x=[gpu_gb, gpu_gb],
+                y=[-0.45, 0.45],
+                mode="lines+text",
+                name=f"GPU memory: {state.gpu}",
+                text=["", f"GPU: {state.gpu}"],
+                textposition="top center",
+                cliponaxis=False,
+                line={"color": GPU_COLOUR, "dash": "dash", "width": 3},
+                hovertemplate=f"GPU memory: {memory:,} bytes = {format_bytes(memory)}<extra></extra>",
+            ),
+        ]
+    )
+    fig.update_xaxes(
+        title_text="memory (GB = 10⁹ bytes)",
+        range=_x_range(n),
+        rangemode="tozero",
+        showgrid=True,
+        gridcolor="#e5e5e5",
+        zeroline=False,
+    )
     fig.update_yaxes(tickvals=[0], ticktext=["this setup"], range=[-0.7, 0.8], showgrid=False, zeroline=False)
     fig.update_layout(
-        barmode="stack", title={"text": _title(state, n), "x": 0.01, "y": 0.96, "yanchor": "top", "font": {"size": 13}},
-        height=340, margin={"l": 90, "r": 30, "t": 110, "b": 60}, plot_bgcolor="white",
+        barmode="stack",
+        title={"text": _title(state, n), "x": 0.01, "y": 0.96, "yanchor": "top", "font": {"size": 13}},
+        height=340,
+        margin={"l": 90, "r": 30, "t": 110, "b": 60},
+        plot_bgcolor="white",
         legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": -0.3, "yanchor": "top", "traceorder": "normal"},
         meta={"onemask": "kv_calculator", "state": asdict(state)},
     )
@@ -223,13 +276,31 @@ def _model_buttons(state: KVCalcState) -> dict:
         n = calculator_numbers(s)
         d = _bar_data(s, n)
         label = f"{model} ({n['shape'].attention})"
-        items.append({"label": label, "method": "update",
-                      "args": [{"x": d["x"], "text": d["text"], "customdata": d["customdata"], "name": d["name"]},
-                               {"title.text": _title(s, n), "meta.state": asdict(s), "xaxis.range": _x_range(n)},
-                               [0, 1]]})
+        items.append(
+            {
+                "label": label,
+                "method": "update",
+                "args": [
+                    {"x": d["x"], "text": d["text"], "customdata": d["customdata"], "name": d["name"]},
+                    {"title.text": _title(s, n), "meta.state": asdict(s), "xaxis.range": _x_range(n)},
+                    [0, 1],
+                ],
+            }
+        )
     active = list(PUBLIC_CONFIGS).index(state.model) if state.model != CUSTOM else -1
-    return {"type": "buttons", "direction": "right", "buttons": items, "showactive": True, "active": active,
-            "x": 0.0, "xanchor": "left", "y": 1.62, "yanchor": "top", "pad": {"r": 4, "t": 4}, "font": {"size": 11}}
+    return {
+        "type": "buttons",
+        "direction": "right",
+        "buttons": items,
+        "showactive": True,
+        "active": active,
+        "x": 0.0,
+        "xanchor": "left",
+        "y": 1.62,
+        "yanchor": "top",
+        "pad": {"r": 4, "t": 4},
+        "font": {"size": 11},
+    }
 
 
 def attention_kinds_figure(batch: int = 1, context: int = 4096, dtype: str = "fp16") -> go.Figure:
@@ -245,22 +316,38 @@ def attention_kinds_figure(batch: int = 1, context: int = 4096, dtype: str = "fp
         shapes = [s for s in PUBLIC_CONFIGS.values() if s.attention == kind]
         sizes = [s.cache_bytes(batch, context, DTYPE_BYTES[dtype]) for s in shapes]
         order += [s.name for s in shapes]
-        fig.add_trace(go.Bar(
-            y=[s.name for s in shapes], x=[_gb(b) for b in sizes], orientation="h", name=kind,
-            marker={"color": KIND_COLOURS[kind]}, textposition="outside", cliponaxis=False,
-            text=[f"{kind}, {s.n_kv_heads} KV head{'s' if s.n_kv_heads > 1 else ''} × {s.n_layers} layers: "
-                  f"{format_bytes(b)}" for s, b in zip(shapes, sizes)],
-            customdata=[[f"{b:,}"] for b in sizes],
-            hovertemplate="%{y}: %{customdata[0]} bytes<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Bar(
+                y=[s.name for s in shapes],
+                x=[_gb(b) for b in sizes],
+                orientation="h",
+                name=kind,
+                marker={"color": KIND_COLOURS[kind]},
+                textposition="outside",
+                cliponaxis=False,
+                text=[
+                    f"{kind}, {s.n_kv_heads} KV head{'s' if s.n_kv_heads > 1 else ''} × {s.n_layers} layers: "
+                    f"{format_bytes(b)}"
+                    for s, b in zip(shapes, sizes)
+                ],
+                customdata=[[f"{b:,}"] for b in sizes],
+                hovertemplate="%{y}: %{customdata[0]} bytes<extra></extra>",
+            )
+        )
     largest = max(s.cache_bytes(batch, context, DTYPE_BYTES[dtype]) for s in PUBLIC_CONFIGS.values())
     fig.update_xaxes(title_text="KV cache (GB = 10⁹ bytes)", range=[0, _gb(int(1.9 * largest))], gridcolor="#e5e5e5")
     fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], showgrid=False)
     fig.update_layout(
-        title={"text": f"KV cache for batch {batch:,} × context {context:,} tokens ({dtype}), by attention kind",
-               "x": 0.01, "font": {"size": 14}},
-        height=80 + 45 * len(order), margin={"l": 130, "r": 30, "t": 60, "b": 50}, plot_bgcolor="white",
-        legend={"title": {"text": "attention"}, "traceorder": "normal"}, bargap=0.3,
+        title={
+            "text": f"KV cache for batch {batch:,} × context {context:,} tokens ({dtype}), by attention kind",
+            "x": 0.01,
+            "font": {"size": 14},
+        },
+        height=80 + 45 * len(order),
+        margin={"l": 130, "r": 30, "t": 60, "b": 50},
+        plot_bgcolor="white",
+        legend={"title": {"text": "attention"}, "traceorder": "normal"},
+        bargap=0.3,
         meta={"onemask": "attention_kinds", "state": {"batch": batch, "context": context, "dtype": dtype}},
     )
     return fig
@@ -290,8 +377,12 @@ class KVCalculator(LiveView):
             "model": menu("model", [(m, m) for m in PUBLIC_CONFIGS] + [("custom (use the sliders)", CUSTOM)]),
             "n_layers": slider("layers", SHAPE_SLIDER_MAX, continuous_update=False),
             "n_heads": slider("query heads", SHAPE_SLIDER_MAX, continuous_update=False),
-            "n_kv_heads": slider("KV heads", SHAPE_SLIDER_MAX, continuous_update=False,
-                                 tooltip="snaps to a divisor of the query heads: each KV head serves a whole group"),
+            "n_kv_heads": slider(
+                "KV heads",
+                SHAPE_SLIDER_MAX,
+                continuous_update=False,
+                tooltip="snaps to a divisor of the query heads: each KV head serves a whole group",
+            ),
             "head_dim": menu("head dim", list(HEAD_DIMS)),
             "batch": slider("batch", BATCH_SLIDER_MAX),
             "context": W.SelectionSlider(options=list(CONTEXTS), description="context (tokens)", style=style),
@@ -301,12 +392,17 @@ class KVCalculator(LiveView):
         }
         c = self.controls
         row = W.Layout(flex_flow="row wrap")
-        self._start(state, lambda figure: W.VBox([
-            W.HBox([c["model"], c["gpu"], c["dtype"], c["weight_dtype"]], layout=row),
-            W.HBox([c["n_layers"], c["n_heads"], c["n_kv_heads"], c["head_dim"]], layout=row),
-            W.HBox([c["batch"], c["context"]], layout=row),
-            figure,
-        ]))
+        self._start(
+            state,
+            lambda figure: W.VBox(
+                [
+                    W.HBox([c["model"], c["gpu"], c["dtype"], c["weight_dtype"]], layout=row),
+                    W.HBox([c["n_layers"], c["n_heads"], c["n_kv_heads"], c["head_dim"]], layout=row),
+                    W.HBox([c["batch"], c["context"]], layout=row),
+                    figure,
+                ]
+            ),
+        )
 
     @staticmethod
     def _figure(state: KVCalcState) -> go.Figure:

@@ -23,13 +23,20 @@ class LossCurve:
         self._widget = None
 
     def _layout(self) -> dict:
-        return {"title": {"text": self.title}, "xaxis": {"title": {"text": "step"}},
-                "yaxis": {"title": {"text": self.y_title}}, "height": 320, "margin": {"t": 50, "b": 50}}
+        return {
+            "title": {"text": self.title},
+            "xaxis": {"title": {"text": "step"}},
+            "yaxis": {"title": {"text": self.y_title}},
+            "height": 320,
+            "margin": {"t": 50, "b": 50},
+        }
 
     @property
     def widget(self) -> go.FigureWidget:
         if self._widget is None:
-            self._widget = go.FigureWidget(go.Figure(go.Scatter(x=[], y=[], mode="lines", name="loss"), layout=self._layout()))
+            self._widget = go.FigureWidget(
+                go.Figure(go.Scatter(x=[], y=[], mode="lines", name="loss"), layout=self._layout())
+            )
         return self._widget
 
     def update(self, step: int, loss: float) -> None:
@@ -41,8 +48,10 @@ class LossCurve:
 
     def figure(self, digits: int = 3) -> go.Figure:
         """The finished curve as a static figure (values rounded: stable across CPUs)."""
-        return go.Figure(go.Scatter(x=self.steps, y=[round(v, digits) for v in self.losses], mode="lines", name="loss"),
-                         layout=self._layout())
+        return go.Figure(
+            go.Scatter(x=self.steps, y=[round(v, digits) for v in self.losses], mode="lines", name="loss"),
+            layout=self._layout(),
+        )
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.widget._repr_mimebundle_(**kwargs)

@@ -108,7 +108,9 @@ def _panel_data(mats: dict) -> dict:
 
 def _title(state: MaskState) -> str:
     pad = f", {state.n_pad} padding token(s) on the {state.pad_side}" if state.n_pad else ", no padding"
-    extra = {"prefix-lm": f" (prefix {state.prefix_len})", "sliding-window": f" (window {state.window})"}.get(state.kind, "")
+    extra = {"prefix-lm": f" (prefix {state.prefix_len})", "sliding-window": f" (window {state.window})"}.get(
+        state.kind, ""
+    )
     return f"Mask: {KIND_LABELS[state.kind]}{extra}{pad}"
 
 
@@ -118,28 +120,56 @@ def _font(T: int) -> int:
 
 def _mask_trace(data: dict, font: int) -> go.Heatmap:
     return go.Heatmap(
-        z=data["mask_z"], text=data["mask_text"], texttemplate="%{text}", textfont={"size": font},
-        customdata=data["pairs"], zmin=0, zmax=1, showscale=False,
-        colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]], xgap=1, ygap=1, name="M",
-        hovertemplate="query %{customdata[0]} (row %{y}) → key %{customdata[1]} (col %{x})<br>M = %{text}<extra></extra>",
+        z=data["mask_z"],
+        text=data["mask_text"],
+        texttemplate="%{text}",
+        textfont={"size": font},
+        customdata=data["pairs"],
+        zmin=0,
+        zmax=1,
+        showscale=False,
+        colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]],
+        xgap=1,
+        ygap=1,
+        name="M",
+        hovertemplate=(
+            "query %{customdata[0]} (row %{y}) → key %{customdata[1]} (col %{x})<br>M = %{text}<extra></extra>"
+        ),
     )
 
 
 def _weights_trace(data: dict, font: int, colorbar: dict) -> go.Heatmap:
     return go.Heatmap(
-        z=data["weights_z"], text=data["weights_text"], texttemplate="%{text}", textfont={"size": font},
-        customdata=data["weights_custom"], zmin=0, zmax=1, colorscale=SEQUENTIAL, xgap=1, ygap=1, name="weights",
+        z=data["weights_z"],
+        text=data["weights_text"],
+        texttemplate="%{text}",
+        textfont={"size": font},
+        customdata=data["weights_custom"],
+        zmin=0,
+        zmax=1,
+        colorscale=SEQUENTIAL,
+        xgap=1,
+        ygap=1,
+        name="weights",
         colorbar={"title": {"text": "weight"}, "thickness": 12, **colorbar},
-        hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>weight = %{z:.4f} %{customdata[2]}<extra></extra>",
+        hovertemplate=(
+            "query %{customdata[0]} → key %{customdata[1]}<br>weight = %{z:.4f} %{customdata[2]}<extra></extra>"
+        ),
     )
 
 
 def _masked_markers(data: dict, T: int, axes: str) -> go.Scatter:
     """A × on every masked cell of the weights panel: the non-colour cue for "exactly 0"."""
     return go.Scatter(
-        x=data["x_cols"], y=data["x_rows"], mode="markers", name="masked: weight exactly 0",
+        x=data["x_cols"],
+        y=data["x_rows"],
+        mode="markers",
+        name="masked: weight exactly 0",
         marker={"symbol": "x-thin", "size": max(4, 120 // T), "line": {"width": 2, "color": "#d62728"}},
-        hoverinfo="skip", xaxis=f"x{axes}", yaxis=f"y{axes}", showlegend=True,
+        hoverinfo="skip",
+        xaxis=f"x{axes}",
+        yaxis=f"y{axes}",
+        showlegend=True,
     )
 
 
@@ -147,10 +177,28 @@ def _token_axes(fig: go.Figure, tokens: list[str], cols: int, font: int) -> None
     T = len(tokens)
     ticks = {"tickmode": "array", "tickvals": list(range(T)), "ticktext": list(tokens), "tickfont": {"size": font + 1}}
     for col in range(1, cols + 1):
-        fig.update_xaxes(**ticks, tickangle=-50, side="bottom", title_text="key (looked at)", row=1, col=col,
-                         range=[-0.5, T - 0.5], constrain="domain", showgrid=False, zeroline=False)
-        fig.update_yaxes(**ticks, autorange="reversed", row=1, col=col, showgrid=False, zeroline=False,
-                         scaleanchor=f"x{'' if col == 1 else col}", constrain="domain")
+        fig.update_xaxes(
+            **ticks,
+            tickangle=-50,
+            side="bottom",
+            title_text="key (looked at)",
+            row=1,
+            col=col,
+            range=[-0.5, T - 0.5],
+            constrain="domain",
+            showgrid=False,
+            zeroline=False,
+        )
+        fig.update_yaxes(
+            **ticks,
+            autorange="reversed",
+            row=1,
+            col=col,
+            showgrid=False,
+            zeroline=False,
+            scaleanchor=f"x{'' if col == 1 else col}",
+            constrain="domain",
+        )
     fig.update_yaxes(title_text="query (looking)", row=1, col=1)
 
 
@@ -166,23 +214,40 @@ def mask_explorer_figure(state: MaskState | None = None, *, buttons: bool = Fals
     font = _font(T)
 
     fig = make_subplots(
-        rows=1, cols=3, horizontal_spacing=0.09,
+        rows=1,
+        cols=3,
+        horizontal_spacing=0.09,
         subplot_titles=("M: the mask (0 or −∞)", "scores QKᵀ/√d (before the mask)", "weights softmax(QKᵀ/√d + M)"),
     )
     fig.add_trace(_mask_trace(data, font), row=1, col=1)
-    fig.add_trace(go.Heatmap(
-        z=np.round(mats["scores"], DIGITS).tolist(), text=_cell_text(mats["scores"], np.zeros((T, T), bool), "", digits=1),
-        texttemplate="%{text}", textfont={"size": font}, customdata=data["pairs"], colorscale=DIVERGING, zmid=0,
-        xgap=1, ygap=1, name="scores", colorbar={"title": {"text": "score"}, "x": 0.635, "len": 0.8, "thickness": 12},
-        hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>score = %{z:.4f}<extra></extra>",
-    ), row=1, col=2)
+    fig.add_trace(
+        go.Heatmap(
+            z=np.round(mats["scores"], DIGITS).tolist(),
+            text=_cell_text(mats["scores"], np.zeros((T, T), bool), "", digits=1),
+            texttemplate="%{text}",
+            textfont={"size": font},
+            customdata=data["pairs"],
+            colorscale=DIVERGING,
+            zmid=0,
+            xgap=1,
+            ygap=1,
+            name="scores",
+            colorbar={"title": {"text": "score"}, "x": 0.635, "len": 0.8, "thickness": 12},
+            hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>score = %{z:.4f}<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
     fig.add_trace(_weights_trace(data, font, {"x": 1.0, "len": 0.8}), row=1, col=3)
     fig.add_trace(_masked_markers(data, T, "3"))
     _token_axes(fig, tokens, 3, font)
     fig.update_layout(
-        title={"text": _title(state), "x": 0.01}, height=520, margin={"l": 70, "r": 30, "t": 80, "b": 90},
+        title={"text": _title(state), "x": 0.01},
+        height=520,
+        margin={"l": 70, "r": 30, "t": 80, "b": 90},
         legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": -0.32},
-        plot_bgcolor="white", meta={"onemask": "mask_explorer", "state": asdict(state)},
+        plot_bgcolor="white",
+        meta={"onemask": "mask_explorer", "state": asdict(state)},
     )
     if buttons:
         fig.update_layout(updatemenus=[_zoo_buttons(state)])
@@ -196,25 +261,35 @@ def _zoo_buttons(state: MaskState) -> dict:
     for kind in MASK_KINDS:
         s = replace(state, kind=kind).clamped()
         d = _panel_data(explorer_matrices(s))
-        items.append({
-            "label": KIND_LABELS[kind],
-            "method": "update",
-            "args": [
-                {
-                    "z": [d["mask_z"], d["weights_z"], None],
-                    "text": [d["mask_text"], d["weights_text"], None],
-                    "customdata": [d["pairs"], d["weights_custom"], None],
-                    "x": [None, None, d["x_cols"]],
-                    "y": [None, None, d["x_rows"]],
-                },
-                {"title.text": _title(s), "meta.state": asdict(s)},
-                [0, 2, 3],
-            ],
-        })
+        items.append(
+            {
+                "label": KIND_LABELS[kind],
+                "method": "update",
+                "args": [
+                    {
+                        "z": [d["mask_z"], d["weights_z"], None],
+                        "text": [d["mask_text"], d["weights_text"], None],
+                        "customdata": [d["pairs"], d["weights_custom"], None],
+                        "x": [None, None, d["x_cols"]],
+                        "y": [None, None, d["x_rows"]],
+                    },
+                    {"title.text": _title(s), "meta.state": asdict(s)},
+                    [0, 2, 3],
+                ],
+            }
+        )
     return {
-        "type": "buttons", "direction": "right", "buttons": items, "showactive": True,
-        "active": list(MASK_KINDS).index(state.kind), "x": 0.0, "xanchor": "left", "y": 1.27, "yanchor": "top",
-        "pad": {"r": 4, "t": 4}, "font": {"size": 12},
+        "type": "buttons",
+        "direction": "right",
+        "buttons": items,
+        "showactive": True,
+        "active": list(MASK_KINDS).index(state.kind),
+        "x": 0.0,
+        "xanchor": "left",
+        "y": 1.27,
+        "yanchor": "top",
+        "pad": {"r": 4, "t": 4},
+        "font": {"size": 12},
     }
 
 
@@ -228,22 +303,35 @@ class MaskExplorer(LiveView):
         T = len(s.tokens())
         style = {"description_width": "initial"}
         self.controls = {
-            "sentence": W.Text(value=s.sentence, description="sentence", continuous_update=False,
-                               layout=W.Layout(width="420px"), style=style),
-            "kind": W.Dropdown(options=[(KIND_LABELS[k], k) for k in MASK_KINDS], value=s.kind,
-                               description="mask", style=style),
+            "sentence": W.Text(
+                value=s.sentence,
+                description="sentence",
+                continuous_update=False,
+                layout=W.Layout(width="420px"),
+                style=style,
+            ),
+            "kind": W.Dropdown(
+                options=[(KIND_LABELS[k], k) for k in MASK_KINDS], value=s.kind, description="mask", style=style
+            ),
             "n_pad": W.IntSlider(value=s.n_pad, min=0, max=4, description="padding tokens", style=style),
-            "pad_side": W.ToggleButtons(options=["left", "right"], value=s.pad_side, description="pad side", style=style),
+            "pad_side": W.ToggleButtons(
+                options=["left", "right"], value=s.pad_side, description="pad side", style=style
+            ),
             "prefix_len": W.IntSlider(value=s.prefix_len, min=0, max=T, description="prefix length", style=style),
             "window": W.IntSlider(value=s.window, min=1, max=T, description="window", style=style),
             "d_k": W.Dropdown(options=[4, 16, 64, 256], value=s.d_k, description="d_k", style=style),
         }
         c = self.controls
-        self._start(s, lambda figure: W.VBox([
-            W.HBox([c["sentence"], c["kind"], c["d_k"]]),
-            W.HBox([c["n_pad"], c["pad_side"], c["prefix_len"], c["window"]]),
-            figure,
-        ]))
+        self._start(
+            s,
+            lambda figure: W.VBox(
+                [
+                    W.HBox([c["sentence"], c["kind"], c["d_k"]]),
+                    W.HBox([c["n_pad"], c["pad_side"], c["prefix_len"], c["window"]]),
+                    figure,
+                ]
+            ),
+        )
 
     @staticmethod
     def _figure(state: MaskState) -> go.Figure:
@@ -279,12 +367,18 @@ def attention_heatmap(weights, mask, tokens: list[str], title: str) -> go.Figure
         raise ValueError(f"weights and mask must be (T, T) = {(T, T)} for {T} tokens, got {w.shape} and {m.shape}")
     data = _panel_data({"tokens": list(tokens), "mask": m, "weights": w})
     font = _font(T)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("M: the padding mask (0 or −∞)", "attention weights"))
+    fig = make_subplots(
+        rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=("M: the padding mask (0 or −∞)", "attention weights")
+    )
     fig.add_trace(_mask_trace(data, font), row=1, col=1)
     fig.add_trace(_weights_trace(data, font, {}), row=1, col=2)
     fig.add_trace(_masked_markers(data, T, "2"))
     _token_axes(fig, list(tokens), 2, font)
-    fig.update_layout(title={"text": title, "x": 0.01}, height=520, plot_bgcolor="white",
-                      legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": -0.25}, margin={"t": 80, "b": 90})
+    fig.update_layout(
+        title={"text": title, "x": 0.01},
+        height=520,
+        plot_bgcolor="white",
+        legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": -0.25},
+        margin={"t": 80, "b": 90},
+    )
     return fig

@@ -33,8 +33,17 @@ from lib.workload import make_workload
 from widgets._base import LiveView
 from widgets._render import OKABE_ITO
 
-__all__ = ["STATES", "MemoryMapState", "MemoryMapView", "memory_grid", "memory_map_figure", "memory_map_pair",
-           "memory_map_view_figure", "sweep_figure", "utilisation_figure"]
+__all__ = [
+    "STATES",
+    "MemoryMapState",
+    "MemoryMapView",
+    "memory_grid",
+    "memory_map_figure",
+    "memory_map_pair",
+    "memory_map_view_figure",
+    "sweep_figure",
+    "utilisation_figure",
+]
 
 STATES = ("free", "reserved, empty", "partly filled", "real tokens")
 STATE_COLOURS = ["#e6e6e6", OKABE_ITO[1], OKABE_ITO[4], OKABE_ITO[0]]
@@ -53,9 +62,17 @@ def _coloraxis() -> dict:
     scale = []
     for i, c in enumerate(STATE_COLOURS):
         scale += [[i / n, c], [(i + 1) / n, c]]
-    return {"colorscale": scale, "cmin": -0.5, "cmax": n - 0.5,
-            "colorbar": {"title": {"text": "memory state"}, "tickvals": list(range(n)), "ticktext": list(STATES),
-                         "len": 0.8}}
+    return {
+        "colorscale": scale,
+        "cmin": -0.5,
+        "cmax": n - 0.5,
+        "colorbar": {
+            "title": {"text": "memory state"},
+            "tickvals": list(range(n)),
+            "ticktext": list(STATES),
+            "len": 0.8,
+        },
+    }
 
 
 def _small_int(a: np.ndarray) -> np.ndarray:
@@ -113,19 +130,34 @@ def memory_grid(result: SimResult, max_slots: int = 400) -> dict:
         z[:, col] = np.where(held == 0, 0, np.where(real == 0, 1, np.where(real == held, 3, 2)))
         rid = owner[:, 0] if per_row == 1 else _majority_owner(owner)
         custom[:, col] = np.stack([rid, real, held - real], axis=1)  # (rows, 3)
-    return {"x": [s for s, _ in result.snapshots], "y": [r * per_row * unit for r in range(rows)],
-            "z": _small_int(z), "customdata": _small_int(custom), "slots_per_row": per_row * unit}
+    return {
+        "x": [s for s, _ in result.snapshots],
+        "y": [r * per_row * unit for r in range(rows)],
+        "z": _small_int(z),
+        "customdata": _small_int(custom),
+        "slots_per_row": per_row * unit,
+    }
 
 
 def _heatmap(result: SimResult, max_slots: int) -> go.Heatmap:
     g = memory_grid(result, max_slots)
-    where = (f"blocks of {result.unit} slots, {g['slots_per_row']} slots per cell" if result.policy == "paged"
-             else f"{g['slots_per_row']} slot{'s' if g['slots_per_row'] > 1 else ''} per cell")
+    where = (
+        f"blocks of {result.unit} slots, {g['slots_per_row']} slots per cell"
+        if result.policy == "paged"
+        else f"{g['slots_per_row']} slot{'s' if g['slots_per_row'] > 1 else ''} per cell"
+    )
     return go.Heatmap(
-        x=g["x"], y=g["y"], z=g["z"], customdata=g["customdata"], coloraxis="coloraxis", name=result.policy,
-        hovertemplate=(f"{result.label()}<br>step %{{x}}, slots from %{{y}} ({where})<br>"
-                       "request %{customdata[0]} (−1: none)<br>%{customdata[1]} slots hold real tokens, "
-                       "%{customdata[2]} reserved but empty<extra></extra>"),
+        x=g["x"],
+        y=g["y"],
+        z=g["z"],
+        customdata=g["customdata"],
+        coloraxis="coloraxis",
+        name=result.policy,
+        hovertemplate=(
+            f"{result.label()}<br>step %{{x}}, slots from %{{y}} ({where})<br>"
+            "request %{customdata[0]} (−1: none)<br>%{customdata[1]} slots hold real tokens, "
+            "%{customdata[2]} reserved but empty<extra></extra>"
+        ),
     )
 
 
@@ -139,11 +171,15 @@ def memory_map_figure(result: SimResult, *, title: str | None = None, max_slots:
     fig = go.Figure(_heatmap(result, max_slots))
     fig.update_xaxes(title_text=STEP_AXIS, showgrid=False)
     fig.update_yaxes(title_text=SLOT_AXIS, showgrid=False, range=[-0.5, result.capacity_tokens])
-    fig.update_layout(title={"text": title if title is not None else _share_title(result), "x": 0.01,
-                             "font": {"size": 14}},
-                      coloraxis=_coloraxis(), height=420, width=760, plot_bgcolor="white",
-                      margin={"l": 70, "r": 20, "t": 60, "b": 50},
-                      meta={"onemask": "memory_map", "summary": result.summary()})
+    fig.update_layout(
+        title={"text": title if title is not None else _share_title(result), "x": 0.01, "font": {"size": 14}},
+        coloraxis=_coloraxis(),
+        height=420,
+        width=760,
+        plot_bgcolor="white",
+        margin={"l": 70, "r": 20, "t": 60, "b": 50},
+        meta={"onemask": "memory_map", "summary": result.summary()},
+    )
     return fig
 
 
@@ -153,10 +189,12 @@ def memory_map_pair(contiguous: SimResult, paged: SimResult, *, max_slots: int =
     _check_result("contiguous", contiguous)
     _check_result("paged", paged)
     if contiguous.policy != "contiguous" or paged.policy != "paged":
-        raise ValueError(f"memory_map_pair wants a contiguous then a paged result, got {contiguous.policy!r} "
-                         f"and {paged.policy!r}")
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
-                        subplot_titles=[_share_title(contiguous), _share_title(paged)])
+        raise ValueError(
+            f"memory_map_pair wants a contiguous then a paged result, got {contiguous.policy!r} and {paged.policy!r}"
+        )
+    fig = make_subplots(
+        rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=[_share_title(contiguous), _share_title(paged)]
+    )
     fig.add_trace(_heatmap(contiguous, max_slots), row=1, col=1)
     fig.add_trace(_heatmap(paged, max_slots), row=1, col=2)
     fig.update_xaxes(title_text=STEP_AXIS, showgrid=False)
@@ -166,12 +204,19 @@ def memory_map_pair(contiguous: SimResult, paged: SimResult, *, max_slots: int =
     fig.update_yaxes(range=[-0.5, paged.capacity_tokens], row=1, col=2)
     fig.update_annotations(font={"size": 12})
     fig.update_layout(
-        title={"text": f"KV memory over time, {len(contiguous.requests)} requests: contiguous reservations hold "
-                       f"{contiguous.token_share():.1%} real tokens, paged {paged.token_share():.1%}",
-               "x": 0.01, "font": {"size": 14}},
-        coloraxis=_coloraxis(), height=460, width=1100, plot_bgcolor="white",
+        title={
+            "text": f"KV memory over time, {len(contiguous.requests)} requests: contiguous reservations hold "
+            f"{contiguous.token_share():.1%} real tokens, paged {paged.token_share():.1%}",
+            "x": 0.01,
+            "font": {"size": 14},
+        },
+        coloraxis=_coloraxis(),
+        height=460,
+        width=1100,
+        plot_bgcolor="white",
         margin={"l": 70, "r": 20, "t": 90, "b": 50},
-        meta={"onemask": "memory_map_pair", "contiguous": contiguous.summary(), "paged": paged.summary()})
+        meta={"onemask": "memory_map_pair", "contiguous": contiguous.summary(), "paged": paged.summary()},
+    )
     return fig
 
 
@@ -188,20 +233,38 @@ def utilisation_figure(results: dict, *, max_points: int = 400) -> go.Figure:
         every = -(-res.makespan // max_points)
         steps = list(range(0, res.makespan, every))
         colour = OKABE_ITO[i % len(OKABE_ITO)]
-        for kind, values, dash in (("reserved", res.reserved_tokens, "dash"), ("real tokens", res.used_tokens, "solid")):
-            fig.add_trace(go.Scatter(x=steps, y=[values[s] for s in steps], name=f"{name}: {kind}", mode="lines",
-                                     line={"color": colour, "dash": dash, "width": 2},
-                                     hovertemplate=f"{name}<br>step %{{x}}: %{{y}} slots {kind}<extra></extra>"))
+        for kind, values, dash in (
+            ("reserved", res.reserved_tokens, "dash"),
+            ("real tokens", res.used_tokens, "solid"),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=steps,
+                    y=[values[s] for s in steps],
+                    name=f"{name}: {kind}",
+                    mode="lines",
+                    line={"color": colour, "dash": dash, "width": 2},
+                    hovertemplate=f"{name}<br>step %{{x}}: %{{y}} slots {kind}<extra></extra>",
+                )
+            )
     capacities = {res.capacity_tokens for res in results.values()}
     if len(capacities) == 1:
         cap = capacities.pop()
-        fig.add_hline(y=cap, line={"color": "#555555", "dash": "dot", "width": 1},
-                      annotation_text=f"capacity {cap} slots", annotation_position="top left")
+        fig.add_hline(
+            y=cap,
+            line={"color": "#555555", "dash": "dot", "width": 1},
+            annotation_text=f"capacity {cap} slots",
+            annotation_position="top left",
+        )
     fig.update_xaxes(title_text=STEP_AXIS)
     fig.update_yaxes(title_text="KV slots (tokens)", rangemode="tozero")
-    fig.update_layout(title={"text": "Reserved vs real-token KV slots over time", "x": 0.01, "font": {"size": 14}},
-                      height=400, width=900, margin={"l": 70, "r": 20, "t": 60, "b": 50},
-                      meta={"onemask": "utilisation", "summaries": {n: r.summary() for n, r in results.items()}})
+    fig.update_layout(
+        title={"text": "Reserved vs real-token KV slots over time", "x": 0.01, "font": {"size": 14}},
+        height=400,
+        width=900,
+        margin={"l": 70, "r": 20, "t": 60, "b": 50},
+        meta={"onemask": "utilisation", "summaries": {n: r.summary() for n, r in results.items()}},
+    )
     return fig
 
 
@@ -216,28 +279,67 @@ def sweep_figure(rows: list, *, contiguous: SimResult | None = None) -> go.Figur
         if not need <= set(r) or r["block_size"] is None:
             raise ValueError(f"rows[{i}] must be a paged summary with keys {sorted(need)}, got {sorted(r)}")
     sizes = [r["block_size"] for r in rows]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=["share of reserved slots holding real tokens", "requests running at once (mean)"])
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.12,
+        subplot_titles=["share of reserved slots holding real tokens", "requests running at once (mean)"],
+    )
     hover = [f"block size {r['block_size']}: {r['preemptions']} preemptions" for r in rows]
-    fig.add_trace(go.Scatter(x=sizes, y=[round(100 * r["token_share"], 2) for r in rows], name="paged",
-                             mode="lines+markers", line={"color": OKABE_ITO[0]}, customdata=hover,
-                             hovertemplate="%{customdata}<br>%{y}% real tokens<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=sizes, y=[r["mean_running"] for r in rows], name="paged", showlegend=False,
-                             mode="lines+markers", line={"color": OKABE_ITO[0]}, customdata=hover,
-                             hovertemplate="%{customdata}<br>%{y} requests on average<extra></extra>"), row=1, col=2)
+    fig.add_trace(
+        go.Scatter(
+            x=sizes,
+            y=[round(100 * r["token_share"], 2) for r in rows],
+            name="paged",
+            mode="lines+markers",
+            line={"color": OKABE_ITO[0]},
+            customdata=hover,
+            hovertemplate="%{customdata}<br>%{y}% real tokens<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=sizes,
+            y=[r["mean_running"] for r in rows],
+            name="paged",
+            showlegend=False,
+            mode="lines+markers",
+            line={"color": OKABE_ITO[0]},
+            customdata=hover,
+            hovertemplate="%{customdata}<br>%{y} requests on average<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
     if contiguous is not None:
         _check_result("contiguous", contiguous)
         s = contiguous.summary()
         for col, y in ((1, round(100 * s["token_share"], 2)), (2, s["mean_running"])):
-            fig.add_trace(go.Scatter(x=[min(sizes), max(sizes)], y=[y, y], mode="lines", name=contiguous.label(),
-                                     showlegend=col == 1, line={"color": OKABE_ITO[1], "dash": "dot"},
-                                     hovertemplate=f"{contiguous.label()}: %{{y}}<extra></extra>"), row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[min(sizes), max(sizes)],
+                    y=[y, y],
+                    mode="lines",
+                    name=contiguous.label(),
+                    showlegend=col == 1,
+                    line={"color": OKABE_ITO[1], "dash": "dot"},
+                    hovertemplate=f"{contiguous.label()}: %{{y}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
     fig.update_xaxes(type="log", tickvals=sizes, ticktext=[str(b) for b in sizes], title_text="block size (tokens)")
     fig.update_yaxes(title_text="%", range=[0, 101], row=1, col=1)
     fig.update_yaxes(title_text="requests", rangemode="tozero", row=1, col=2)
-    fig.update_layout(title={"text": "Paged KV memory against the block size", "x": 0.01, "font": {"size": 14}},
-                      height=380, width=900, margin={"l": 60, "r": 20, "t": 80, "b": 50},
-                      meta={"onemask": "block_size_sweep", "rows": list(rows)})
+    fig.update_layout(
+        title={"text": "Paged KV memory against the block size", "x": 0.01, "font": {"size": 14}},
+        height=380,
+        width=900,
+        margin={"l": 60, "r": 20, "t": 80, "b": 50},
+        meta={"onemask": "block_size_sweep", "rows": list(rows)},
+    )
     return fig
 
 
@@ -256,11 +358,19 @@ class MemoryMapState:
 
 
 def _simulate(state: MemoryMapState) -> tuple[SimResult, SimResult]:
-    reqs = make_workload(state.n_requests, seed=state.seed, arrival_rate=state.arrival_rate,
-                         prompt_mean=state.prompt_mean, output_mean=state.output_mean, max_len=state.max_len)
+    reqs = make_workload(
+        state.n_requests,
+        seed=state.seed,
+        arrival_rate=state.arrival_rate,
+        prompt_mean=state.prompt_mean,
+        output_mean=state.output_mean,
+        max_len=state.max_len,
+    )
     common = {"capacity_tokens": state.capacity_tokens, "max_len": state.max_len}
-    return (simulate_serving(reqs, policy="contiguous", reserve=state.reserve, **common),
-            simulate_serving(reqs, policy="paged", block_size=state.block_size, **common))
+    return (
+        simulate_serving(reqs, policy="contiguous", reserve=state.reserve, **common),
+        simulate_serving(reqs, policy="paged", block_size=state.block_size, **common),
+    )
 
 
 def memory_map_view_figure(state: MemoryMapState | None = None, **changes) -> go.Figure:
@@ -288,21 +398,44 @@ class MemoryMapView(LiveView):
         state = replace(state or MemoryMapState(), **changes)
         style = {"description_width": "initial"}
         self.controls = {
-            "block_size": W.IntSlider(value=16, min=1, max=BLOCK_SLIDER_MAX, description="block size (tokens)", style=style),
-            "arrival_rate": W.FloatSlider(value=1.0, min=0.01, max=2.0, step=0.01, description="arrivals per step",
-                                          readout_format=".2f", style=style),
+            "block_size": W.IntSlider(
+                value=16, min=1, max=BLOCK_SLIDER_MAX, description="block size (tokens)", style=style
+            ),
+            "arrival_rate": W.FloatSlider(
+                value=1.0,
+                min=0.01,
+                max=2.0,
+                step=0.01,
+                description="arrivals per step",
+                readout_format=".2f",
+                style=style,
+            ),
             # the smallest capacity must hold one max_len request in blocks of any size up to 64:
             # floor(capacity / b) * b >= max_len needs capacity >= max_len + b - 1
-            "capacity_tokens": W.IntSlider(value=4096, min=_min_capacity(state.max_len),
-                                           max=max(16384, _min_capacity(state.max_len)), step=256,
-                                           description="capacity (token slots)", style=style),
-            "reserve": W.Dropdown(options=list(RESERVE_RULES), value="max_len", description="contiguous reserves",
-                                  style=style),
+            "capacity_tokens": W.IntSlider(
+                value=4096,
+                min=_min_capacity(state.max_len),
+                max=max(16384, _min_capacity(state.max_len)),
+                step=256,
+                description="capacity (token slots)",
+                style=style,
+            ),
+            "reserve": W.Dropdown(
+                options=list(RESERVE_RULES), value="max_len", description="contiguous reserves", style=style
+            ),
             "seed": W.IntSlider(value=0, min=0, max=9, description="seed", style=style),
         }
         c = self.controls
-        self._start(state, lambda figure: W.VBox([W.HBox([c["block_size"], c["arrival_rate"], c["capacity_tokens"]]),
-                                                  W.HBox([c["reserve"], c["seed"]]), figure]))
+        self._start(
+            state,
+            lambda figure: W.VBox(
+                [
+                    W.HBox([c["block_size"], c["arrival_rate"], c["capacity_tokens"]]),
+                    W.HBox([c["reserve"], c["seed"]]),
+                    figure,
+                ]
+            ),
+        )
 
     def _figure(self, state: MemoryMapState) -> go.Figure:
         """Simulate both policies for `state` and draw them."""

@@ -41,8 +41,14 @@ def corruption_table(state: MLMState) -> dict:
     tok = minilm_tokenizer()
     ids = tok(state.sentence or " ", truncation=True, max_length=MAX_TOKENS, return_tensors="pt")["input_ids"]  # (1, T)
     g = torch.Generator().manual_seed(state.seed)
-    corrupted, labels = mlm_corrupt(ids, mask_token_id=tok.mask_token_id, vocab_size=tok.vocab_size,
-                                    special_token_ids=tok.all_special_ids, prob=state.prob, generator=g)
+    corrupted, labels = mlm_corrupt(
+        ids,
+        mask_token_id=tok.mask_token_id,
+        vocab_size=tok.vocab_size,
+        special_token_ids=tok.all_special_ids,
+        prob=state.prob,
+        generator=g,
+    )
     ids, corrupted, labels = ids[0], corrupted[0], labels[0]
     selected = labels != -100
     fate = torch.zeros_like(ids)
@@ -54,7 +60,9 @@ def corruption_table(state: MLMState) -> dict:
         "input": tok.convert_ids_to_tokens(corrupted),
         "labels": [tok.convert_ids_to_tokens(int(i)) if i != -100 else "−100" for i in labels],
         "fate": fate.tolist(),
-        "ids": ids, "corrupted": corrupted, "label_ids": labels,
+        "ids": ids,
+        "corrupted": corrupted,
+        "label_ids": labels,
     }
 
 
@@ -76,8 +84,10 @@ def _colorscale() -> list:
 
 def _summary(table: dict, state: MLMState) -> str:
     counts = [table["fate"].count(i) for i in range(len(FATES))]
-    return (f"p = {state.prob:.2f}, seed {state.seed}: {sum(counts[1:])} of {len(table['fate'])} tokens selected "
-            f"({counts[1]} → [MASK], {counts[2]} → random, {counts[3]} unchanged)")
+    return (
+        f"p = {state.prob:.2f}, seed {state.seed}: {sum(counts[1:])} of {len(table['fate'])} tokens selected "
+        f"({counts[1]} → [MASK], {counts[2]} → random, {counts[3]} unchanged)"
+    )
 
 
 def mlm_view_figure(state: MLMState | None = None, *, seeds: int = 0, **changes) -> go.Figure:
@@ -88,28 +98,65 @@ def mlm_view_figure(state: MLMState | None = None, *, seeds: int = 0, **changes)
     table = corruption_table(state)
     d = _trace_data(table)
     T = len(table["original"])
-    fig = go.Figure(go.Heatmap(
-        z=d["z"], text=d["text"], customdata=d["customdata"], texttemplate="%{text}", textfont={"size": 11},
-        zmin=-0.5, zmax=len(FATES) - 0.5, colorscale=_colorscale(), xgap=2, ygap=2,
-        colorbar={"title": {"text": "fate"}, "tickvals": list(range(len(FATES))), "ticktext": list(FATES), "len": 0.9},
-        hovertemplate="%{customdata}<extra></extra>",
-    ))
+    fig = go.Figure(
+        go.Heatmap(
+            z=d["z"],
+            text=d["text"],
+            customdata=d["customdata"],
+            texttemplate="%{text}",
+            textfont={"size": 11},
+            zmin=-0.5,
+            zmax=len(FATES) - 0.5,
+            colorscale=_colorscale(),
+            xgap=2,
+            ygap=2,
+            colorbar={
+                "title": {"text": "fate"},
+                "tickvals": list(range(len(FATES))),
+                "ticktext": list(FATES),
+                "len": 0.9,
+            },
+            hovertemplate="%{customdata}<extra></extra>",
+        )
+    )
     fig.update_yaxes(tickvals=[0, 1, 2], ticktext=list(ROWS), autorange="reversed", showgrid=False)
     fig.update_xaxes(title_text="token position", showgrid=False, range=[-0.5, T - 0.5])
-    fig.update_layout(title={"text": _summary(table, state), "x": 0.01, "font": {"size": 14}}, height=300,
-                      width=max(700, 62 * T + 260), margin={"l": 90, "r": 20, "t": 60, "b": 50}, plot_bgcolor="white",
-                      meta={"onemask": "mlm_view", "state": {"sentence": state.sentence, "prob": state.prob, "seed": state.seed}})
+    fig.update_layout(
+        title={"text": _summary(table, state), "x": 0.01, "font": {"size": 14}},
+        height=300,
+        width=max(700, 62 * T + 260),
+        margin={"l": 90, "r": 20, "t": 60, "b": 50},
+        plot_bgcolor="white",
+        meta={"onemask": "mlm_view", "state": {"sentence": state.sentence, "prob": state.prob, "seed": state.seed}},
+    )
     if seeds:
         steps = []
         for s in range(state.seed, state.seed + seeds):
             st = replace(state, seed=s)
             tab = corruption_table(st)
             dd = _trace_data(tab)
-            steps.append({"label": str(s), "method": "update",
-                          "args": [{"z": [dd["z"]], "text": [dd["text"]], "customdata": [dd["customdata"]]},
-                                   {"title.text": _summary(tab, st)}]})
-        fig.update_layout(sliders=[{"active": 0, "steps": steps, "currentvalue": {"prefix": "random draw (seed): "},
-                                    "pad": {"t": 50}, "len": 0.9}], height=380)
+            steps.append(
+                {
+                    "label": str(s),
+                    "method": "update",
+                    "args": [
+                        {"z": [dd["z"]], "text": [dd["text"]], "customdata": [dd["customdata"]]},
+                        {"title.text": _summary(tab, st)},
+                    ],
+                }
+            )
+        fig.update_layout(
+            sliders=[
+                {
+                    "active": 0,
+                    "steps": steps,
+                    "currentvalue": {"prefix": "random draw (seed): "},
+                    "pad": {"t": 50},
+                    "len": 0.9,
+                }
+            ],
+            height=380,
+        )
     return fig
 
 
@@ -122,10 +169,22 @@ class MLMView(LiveView):
         s = replace(state or MLMState(), **changes)
         style = {"description_width": "initial"}
         self.controls = {
-            "sentence": W.Text(value=s.sentence, description="sentence", continuous_update=False,
-                               layout=W.Layout(width="600px"), style=style),
-            "prob": W.FloatSlider(value=s.prob, min=0.0, max=1.0, step=0.05, description="selection probability",
-                                  style=style, readout_format=".2f"),
+            "sentence": W.Text(
+                value=s.sentence,
+                description="sentence",
+                continuous_update=False,
+                layout=W.Layout(width="600px"),
+                style=style,
+            ),
+            "prob": W.FloatSlider(
+                value=s.prob,
+                min=0.0,
+                max=1.0,
+                step=0.05,
+                description="selection probability",
+                style=style,
+                readout_format=".2f",
+            ),
             "seed": W.IntSlider(value=s.seed, min=0, max=99, description="seed", style=style),
         }
         c = self.controls

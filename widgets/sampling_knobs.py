@@ -82,8 +82,12 @@ def visible_token(label: str) -> str:
 
 def distribution(logits: torch.Tensor, state: SamplingState) -> dict[str, torch.Tensor]:
     """lib's numbers for `state`: top_k 0 and top_p 1 are passed as "off"."""
-    return next_token_distribution(logits.detach().cpu(), temperature=float(state.temperature),
-                                   top_k=int(state.top_k) or None, top_p=float(state.top_p))
+    return next_token_distribution(
+        logits.detach().cpu(),
+        temperature=float(state.temperature),
+        top_k=int(state.top_k) or None,
+        top_p=float(state.top_p),
+    )
 
 
 def _knob_text(state: SamplingState) -> str:
@@ -148,8 +152,15 @@ def _step_label(preset: dict) -> str:
     return ", ".join(parts) or "as drawn"
 
 
-def sampling_figure(logits: torch.Tensor, labels: list[str], state: SamplingState | None = None, *, show: int = 20,
-                    presets: list[dict] | None = None, **changes) -> go.Figure:
+def sampling_figure(
+    logits: torch.Tensor,
+    labels: list[str],
+    state: SamplingState | None = None,
+    *,
+    show: int = 20,
+    presets: list[dict] | None = None,
+    **changes,
+) -> go.Figure:
     """Bars of the next-token distribution before (T = 1) and after the knobs of `state`.
 
     `logits` (V,) for the next token, `labels` the V token strings. `show` bars, for the tokens
@@ -180,21 +191,52 @@ def sampling_figure(logits: torch.Tensor, labels: list[str], state: SamplingStat
     x = list(range(len(order)))
     final = _final_data(d, order, names, state)
     raw = [round(float(d["p_raw"][i]), DIGITS) for i in order]
-    fig = go.Figure([
-        go.Bar(x=x, y=raw, name="before (T=1)", marker={"color": RAW_COLOUR}, customdata=[[n, i] for n, i in zip(names, order)],
-               hovertemplate="token %{customdata[0]} (id %{customdata[1]})<br>p at T = 1: %{y:.4f}<extra></extra>"),
-        go.Bar(x=x, y=final["y"], name="after knobs", marker={"color": FINAL_COLOUR}, text=final["text"],
-               customdata=final["customdata"], textposition="outside", textangle=-90, cliponaxis=False, constraintext="none",
-               textfont={"size": 10},
-               hovertemplate="token %{customdata[0]} (id %{customdata[1]})<br>p after temperature: %{customdata[2]:.4f}"
-                             "<br>p sampled from: %{y:.4f}<br>%{customdata[3]}<extra></extra>"),
-    ])
-    fig.update_xaxes(title_text="next token (most probable at T = 1 first)", tickmode="array", tickvals=x, ticktext=names,
-                     range=[-0.5, len(x) - 0.5], showgrid=False)
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=x,
+                y=raw,
+                name="before (T=1)",
+                marker={"color": RAW_COLOUR},
+                customdata=[[n, i] for n, i in zip(names, order)],
+                hovertemplate="token %{customdata[0]} (id %{customdata[1]})<br>p at T = 1: %{y:.4f}<extra></extra>",
+            ),
+            go.Bar(
+                x=x,
+                y=final["y"],
+                name="after knobs",
+                marker={"color": FINAL_COLOUR},
+                text=final["text"],
+                customdata=final["customdata"],
+                textposition="outside",
+                textangle=-90,
+                cliponaxis=False,
+                constraintext="none",
+                textfont={"size": 10},
+                hovertemplate=(
+                    "token %{customdata[0]} (id %{customdata[1]})<br>p after temperature: %{customdata[2]:.4f}"
+                    "<br>p sampled from: %{y:.4f}<br>%{customdata[3]}<extra></extra>"
+                ),
+            ),
+        ]
+    )
+    fig.update_xaxes(
+        title_text="next token (most probable at T = 1 first)",
+        tickmode="array",
+        tickvals=x,
+        ticktext=names,
+        range=[-0.5, len(x) - 0.5],
+        showgrid=False,
+    )
     fig.update_yaxes(title_text="probability", range=[0, 1], tickformat=".1f")
     fig.update_layout(
-        barmode="group", bargap=0.2, title={"text": _title(d, state), "x": 0.01, "font": {"size": 14}}, height=420,
-        width=max(700, 34 * len(x) + 200), margin={"l": 70, "r": 20, "t": 60, "b": 70}, plot_bgcolor="white",
+        barmode="group",
+        bargap=0.2,
+        title={"text": _title(d, state), "x": 0.01, "font": {"size": 14}},
+        height=420,
+        width=max(700, 34 * len(x) + 200),
+        margin={"l": 70, "r": 20, "t": 60, "b": 70},
+        plot_bgcolor="white",
         legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
         meta={"onemask": "sampling_knobs", "state": _meta_state(state)},
     )
@@ -203,11 +245,24 @@ def sampling_figure(logits: torch.Tensor, labels: list[str], state: SamplingStat
         for preset, s in zip(presets, steps):
             ds = distribution(logits, s)
             fs = _final_data(ds, order, names, s)
-            items.append({"label": _step_label(preset), "method": "update",
-                          "args": [{"y": [fs["y"]], "text": [fs["text"]], "customdata": [fs["customdata"]]},
-                                   {"title.text": _title(ds, s), "meta.state": _meta_state(s)}, [1]]})
-        fig.update_layout(sliders=[{"active": 0, "steps": items, "currentvalue": {"prefix": "knobs: "},
-                                    "pad": {"t": 60}, "len": 0.9}], height=520, margin={"b": 90})
+            items.append(
+                {
+                    "label": _step_label(preset),
+                    "method": "update",
+                    "args": [
+                        {"y": [fs["y"]], "text": [fs["text"]], "customdata": [fs["customdata"]]},
+                        {"title.text": _title(ds, s), "meta.state": _meta_state(s)},
+                        [1],
+                    ],
+                }
+            )
+        fig.update_layout(
+            sliders=[
+                {"active": 0, "steps": items, "currentvalue": {"prefix": "knobs: "}, "pad": {"t": 60}, "len": 0.9}
+            ],
+            height=520,
+            margin={"b": 90},
+        )
     return fig
 
 
@@ -218,8 +273,13 @@ class SamplingKnobs(LiveView):
     the empty one: what it returns for "" is its choice); `labels` the V token strings.
     """
 
-    def __init__(self, next_logits: Callable[[str], torch.Tensor], labels: list[str],
-                 state: SamplingState | None = None, **changes):
+    def __init__(
+        self,
+        next_logits: Callable[[str], torch.Tensor],
+        labels: list[str],
+        state: SamplingState | None = None,
+        **changes,
+    ):
         import ipywidgets as W
 
         if not callable(next_logits):
@@ -232,19 +292,40 @@ class SamplingKnobs(LiveView):
         V = len(self.labels)
         style = {"description_width": "initial"}
         self.controls = {
-            "prompt": W.Text(value=state.prompt, description="prompt", continuous_update=False,
-                             layout=W.Layout(width="420px"), style=style),
-            "temperature": W.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature",
-                                         readout_format=".2f", style=style,
-                                         tooltip="0 means greedy: always the most probable token"),
-            "top_k": W.IntSlider(value=0, min=0, max=max(1, min(V, TOP_K_SLIDER_MAX)), description="top-k (0 = off)",
-                                 style=style),
-            "top_p": W.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p (1 = off)",
-                                   readout_format=".2f", style=style),
+            "prompt": W.Text(
+                value=state.prompt,
+                description="prompt",
+                continuous_update=False,
+                layout=W.Layout(width="420px"),
+                style=style,
+            ),
+            "temperature": W.FloatSlider(
+                value=1.0,
+                min=0.0,
+                max=2.0,
+                step=0.05,
+                description="temperature",
+                readout_format=".2f",
+                style=style,
+                tooltip="0 means greedy: always the most probable token",
+            ),
+            "top_k": W.IntSlider(
+                value=0, min=0, max=max(1, min(V, TOP_K_SLIDER_MAX)), description="top-k (0 = off)", style=style
+            ),
+            "top_p": W.FloatSlider(
+                value=1.0,
+                min=0.05,
+                max=1.0,
+                step=0.05,
+                description="top-p (1 = off)",
+                readout_format=".2f",
+                style=style,
+            ),
         }
         c = self.controls
-        self._start(state, lambda figure: W.VBox([c["prompt"], W.HBox([c["temperature"], c["top_k"], c["top_p"]]),
-                                                  figure]))
+        self._start(
+            state, lambda figure: W.VBox([c["prompt"], W.HBox([c["temperature"], c["top_k"], c["top_p"]]), figure])
+        )
 
     def logits_for(self, prompt: str) -> torch.Tensor:
         """The callable's logits for `prompt`, kept while only the knobs move."""
@@ -260,4 +341,3 @@ class SamplingKnobs(LiveView):
     def _checked(self, state: SamplingState) -> SamplingState:
         _check_state(state)
         return state
-

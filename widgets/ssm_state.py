@@ -69,7 +69,7 @@ def check_runs(tokens: Sequence[str], runs: Mapping[str, tuple]) -> dict[str, tu
 def _sequence_text(tokens: list[str], t: int) -> str:
     shown = [f"<b>[{tok}]</b>" if i == t else tok for i, tok in enumerate(tokens)]
     lo = max(0, t - 20)
-    return ("… " if lo else "") + " ".join(shown[lo:t + 21]) + (" …" if t + 21 < len(tokens) else "")
+    return ("… " if lo else "") + " ".join(shown[lo : t + 21]) + (" …" if t + 21 < len(tokens) else "")
 
 
 def pick_delta_channels(runs: Mapping[str, tuple], n: int = DELTA_CHANNELS) -> list[int]:
@@ -78,15 +78,20 @@ def pick_delta_channels(runs: Mapping[str, tuple], n: int = DELTA_CHANNELS) -> l
     delta = as_array("delta", next(iter(runs.values()))[1])  # (L, D)
     spread = delta.std(axis=0)  # (D,)
     order = sorted(range(spread.size), key=lambda d: (-spread[d], d))
-    return sorted(order[:min(n, spread.size)])
+    return sorted(order[: min(n, spread.size)])
 
 
 def _check_channels(channels, D: int) -> list[int]:
     chans = [int(c) for c in channels] if channels is not None else []
-    if (not chans or len(set(chans)) != len(chans) or len(chans) > len(DELTA_COLOURS)
-            or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < D for c in channels)):
-        raise ValueError(f"delta_channels must be 1..{len(DELTA_COLOURS)} distinct channel indices in [0, {D - 1}], "
-                         f"got {channels!r}")
+    if (
+        not chans
+        or len(set(chans)) != len(chans)
+        or len(chans) > len(DELTA_COLOURS)
+        or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < D for c in channels)
+    ):
+        raise ValueError(
+            f"delta_channels must be 1..{len(DELTA_COLOURS)} distinct channel indices in [0, {D - 1}], got {channels!r}"
+        )
     return chans
 
 
@@ -97,8 +102,13 @@ def _token_ticks(tokens: list[str], n_cols: int) -> dict:
     room = PAGE_WIDTH / n_cols / (0.62 * TICK_FONT * longest + 5)  # labels that fit across one panel
     stride = max(1, -(-len(tokens) // max(int(room), 1)))
     ticks = list(range(0, len(tokens), stride))
-    return {"tickmode": "array", "tickvals": ticks, "ticktext": [html.escape(tokens[i], quote=False) for i in ticks],
-            "tickfont": {"size": TICK_FONT}, "tickangle": 0}
+    return {
+        "tickmode": "array",
+        "tickvals": ticks,
+        "ticktext": [html.escape(tokens[i], quote=False) for i in ticks],
+        "tickfont": {"size": TICK_FONT},
+        "tickangle": 0,
+    }
 
 
 def _frame_traces(runs: dict, t: int, chans: list[int], bottom: float, top: float) -> list:
@@ -114,8 +124,14 @@ def _frame_traces(runs: dict, t: int, chans: list[int], bottom: float, top: floa
     return traces
 
 
-def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: int | None = None,
-                     animate: bool = True, delta_channels: Sequence[int] | None = None) -> go.Figure:
+def ssm_state_figure(
+    tokens: Sequence[str],
+    runs: Mapping[str, tuple],
+    *,
+    step: int | None = None,
+    animate: bool = True,
+    delta_channels: Sequence[int] | None = None,
+) -> go.Figure:
     """h_t as a (D × N) heatmap over Δ_t per channel, one column per run, and below them Δ over the
     whole sequence for a few channels (`delta_channels`, default `pick_delta_channels`: at most
     four), tokens on the x axis, the current step marked. `step` (default: the last token) is shown
@@ -139,20 +155,44 @@ def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: 
     # readable; a linear one when the values are close or not all positive
     log = lo > 0 and hi / lo > 10
     bottom, top = (lo / 1.25, hi * 1.25) if log else (min(lo, 0.0), 1.08 * hi or 1.0)  # the Δ panel's range
-    fig = make_subplots(rows=3, cols=len(names), row_heights=[0.46, 0.2, 0.34], vertical_spacing=0.12,
-                        horizontal_spacing=0.08,
-                        subplot_titles=[f"{n}: state h_t" for n in names] + [f"{n}: step size Δ_t" for n in names]
-                                       + [f"{n}: Δ over the tokens" for n in names])
+    fig = make_subplots(
+        rows=3,
+        cols=len(names),
+        row_heights=[0.46, 0.2, 0.34],
+        vertical_spacing=0.12,
+        horizontal_spacing=0.08,
+        subplot_titles=[f"{n}: state h_t" for n in names]
+        + [f"{n}: step size Δ_t" for n in names]
+        + [f"{n}: Δ over the tokens" for n in names],
+    )
     bar_colours = ["#BBBBBB"] * D  # a shown channel's bar takes its line's colour
     for i, c in enumerate(chans):
         bar_colours[c] = DELTA_COLOURS[i]
     for col, (name, (h, delta)) in enumerate(runs.items(), start=1):
-        fig.add_trace(go.Heatmap(z=rounded(h[t]), zmin=-zmax, zmax=zmax, zmid=0, colorscale=DIVERGING,
-                                 showscale=col == len(names), colorbar={"title": {"text": "h"}, "len": 0.45, "y": 0.78},
-                                 hovertemplate="channel %{y}, state %{x}: h = %{z:.3f}<extra>" + name + "</extra>"),
-                      row=1, col=col)
-        fig.add_trace(go.Bar(y=rounded(delta[t]), marker_color=bar_colours, showlegend=False,
-                             hovertemplate="channel %{x}: Δ = %{y:.3f}<extra>" + name + "</extra>"), row=2, col=col)
+        fig.add_trace(
+            go.Heatmap(
+                z=rounded(h[t]),
+                zmin=-zmax,
+                zmax=zmax,
+                zmid=0,
+                colorscale=DIVERGING,
+                showscale=col == len(names),
+                colorbar={"title": {"text": "h"}, "len": 0.45, "y": 0.78},
+                hovertemplate="channel %{y}, state %{x}: h = %{z:.3f}<extra>" + name + "</extra>",
+            ),
+            row=1,
+            col=col,
+        )
+        fig.add_trace(
+            go.Bar(
+                y=rounded(delta[t]),
+                marker_color=bar_colours,
+                showlegend=False,
+                hovertemplate="channel %{x}: Δ = %{y:.3f}<extra>" + name + "</extra>",
+            ),
+            row=2,
+            col=col,
+        )
         fig.update_yaxes(title_text="channel d" if col == 1 else None, autorange="reversed", row=1, col=col)
         fig.update_xaxes(title_text="state index n", row=1, col=col)
         fig.update_yaxes(range=[0, dmax * 1.05], title_text="Δ" if col == 1 else None, row=2, col=col)
@@ -161,48 +201,124 @@ def ssm_state_figure(tokens: Sequence[str], runs: Mapping[str, tuple], *, step: 
     ticks = _token_ticks(tokens, len(names))
     for col, (name, (_, delta)) in enumerate(runs.items(), start=1):
         for i, c in enumerate(chans):
-            fig.add_trace(go.Scatter(x=list(range(L)), y=rounded(delta[:, c]), mode=mode, name=f"channel {c}",
-                                     legendgroup=f"channel {c}", showlegend=col == 1, customdata=tokens,
-                                     line={"color": DELTA_COLOURS[i], "dash": DASHES[i % len(DASHES)], "width": 2},
-                                     marker={"size": 5}, meta={"run": name, "channel": c},
-                                     hovertemplate=f"channel {c}, t = %{{x}} (%{{customdata}}): Δ = %{{y:.4g}}"
-                                                   f"<extra>{name}</extra>"), row=3, col=col)
-        fig.add_trace(go.Scatter(x=[t, t], y=[bottom, top], mode="lines", showlegend=False, name="current step",
-                                 line={"color": "#555555", "dash": "dot", "width": 2}, hoverinfo="skip",
-                                 meta={"run": name, "marker": "step"}), row=3, col=col)
-        fig.add_trace(go.Scatter(x=[t] * len(chans), y=rounded(delta[t, chans]), mode="markers", showlegend=False,
-                                 name="Δ at the current step", meta={"run": name, "marker": "values"},
-                                 marker={"color": DELTA_COLOURS[:len(chans)], "size": 11, "symbol": "circle-open",
-                                         "line": {"width": 3}},
-                                 hovertemplate="Δ = %{y:.4g} at the current token<extra>" + name + "</extra>"),
-                      row=3, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=list(range(L)),
+                    y=rounded(delta[:, c]),
+                    mode=mode,
+                    name=f"channel {c}",
+                    legendgroup=f"channel {c}",
+                    showlegend=col == 1,
+                    customdata=tokens,
+                    line={"color": DELTA_COLOURS[i], "dash": DASHES[i % len(DASHES)], "width": 2},
+                    marker={"size": 5},
+                    meta={"run": name, "channel": c},
+                    hovertemplate=f"channel {c}, t = %{{x}} (%{{customdata}}): Δ = %{{y:.4g}}<extra>{name}</extra>",
+                ),
+                row=3,
+                col=col,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=[t, t],
+                y=[bottom, top],
+                mode="lines",
+                showlegend=False,
+                name="current step",
+                line={"color": "#555555", "dash": "dot", "width": 2},
+                hoverinfo="skip",
+                meta={"run": name, "marker": "step"},
+            ),
+            row=3,
+            col=col,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[t] * len(chans),
+                y=rounded(delta[t, chans]),
+                mode="markers",
+                showlegend=False,
+                name="Δ at the current step",
+                meta={"run": name, "marker": "values"},
+                marker={
+                    "color": DELTA_COLOURS[: len(chans)],
+                    "size": 11,
+                    "symbol": "circle-open",
+                    "line": {"width": 3},
+                },
+                hovertemplate="Δ = %{y:.4g} at the current token<extra>" + name + "</extra>",
+            ),
+            row=3,
+            col=col,
+        )
         fig.update_xaxes(**ticks, range=[-0.5, L - 0.5], title_text="token t", row=3, col=col)
-        fig.update_yaxes(type="log" if log else "linear", range=np.log10([bottom, top]).tolist() if log else [bottom, top],
-                         title_text=("Δ (log scale)" if log else "Δ") if col == 1 else None, row=3, col=col)
+        fig.update_yaxes(
+            type="log" if log else "linear",
+            range=np.log10([bottom, top]).tolist() if log else [bottom, top],
+            title_text=("Δ (log scale)" if log else "Δ") if col == 1 else None,
+            row=3,
+            col=col,
+        )
     fig.update_layout(
         title={"text": f"token {t + 1} of {L}: {_sequence_text(tokens, t)}", "font": {"size": 13}},
-        height=880, plot_bgcolor="white", bargap=0.15,
+        height=880,
+        plot_bgcolor="white",
+        bargap=0.15,
         legend={"title": {"text": "Δ of"}, "x": 1.02, "xanchor": "left", "y": 0, "yanchor": "bottom"},
-        meta={"onemask": "ssm_state", "step": t, "runs": names, "shape": [L, D, N], "delta_channels": chans})
+        meta={"onemask": "ssm_state", "step": t, "runs": names, "shape": [L, D, N], "delta_channels": chans},
+    )
     if animate and L > 1:
         n_runs = len(names)
-        moving = list(range(2 * n_runs)) + [2 * n_runs + col * (len(chans) + 2) + k
-                                            for col in range(n_runs) for k in (len(chans), len(chans) + 1)]
+        moving = list(range(2 * n_runs)) + [
+            2 * n_runs + col * (len(chans) + 2) + k for col in range(n_runs) for k in (len(chans), len(chans) + 1)
+        ]
         frames, steps = [], []
         for j in range(L):
-            frames.append(go.Frame(name=str(j + 1), data=_frame_traces(runs, j, chans, bottom, top), traces=moving,
-                                   layout={"title": {"text": f"token {j + 1} of {L}: {_sequence_text(tokens, j)}"}}))
-            steps.append({"label": tokens[j], "method": "animate",
-                          "args": [[str(j + 1)], {"mode": "immediate", "frame": {"duration": 0, "redraw": True}}]})
+            frames.append(
+                go.Frame(
+                    name=str(j + 1),
+                    data=_frame_traces(runs, j, chans, bottom, top),
+                    traces=moving,
+                    layout={"title": {"text": f"token {j + 1} of {L}: {_sequence_text(tokens, j)}"}},
+                )
+            )
+            steps.append(
+                {
+                    "label": tokens[j],
+                    "method": "animate",
+                    "args": [[str(j + 1)], {"mode": "immediate", "frame": {"duration": 0, "redraw": True}}],
+                }
+            )
         fig.frames = frames
         fig.update_layout(
-            sliders=[{"active": t, "steps": steps, "currentvalue": {"prefix": "token: "}, "pad": {"t": 50},
-                      "x": 0.1, "len": 0.9}],
-            updatemenus=[{"type": "buttons", "showactive": False, "x": 0.09, "y": -0.08, "xanchor": "right",
-                          "buttons": [{"label": "▶ play", "method": "animate",
-                                       "args": [None, {"frame": {"duration": 300, "redraw": True},
-                                                       "fromcurrent": False}]}]}],
-            height=980)
+            sliders=[
+                {
+                    "active": t,
+                    "steps": steps,
+                    "currentvalue": {"prefix": "token: "},
+                    "pad": {"t": 50},
+                    "x": 0.1,
+                    "len": 0.9,
+                }
+            ],
+            updatemenus=[
+                {
+                    "type": "buttons",
+                    "showactive": False,
+                    "x": 0.09,
+                    "y": -0.08,
+                    "xanchor": "right",
+                    "buttons": [
+                        {
+                            "label": "▶ play",
+                            "method": "animate",
+                            "args": [None, {"frame": {"duration": 300, "redraw": True}, "fromcurrent": False}],
+                        }
+                    ],
+                }
+            ],
+            height=980,
+        )
     return fig
 
 
@@ -210,9 +326,15 @@ class SSMStateView:
     """Live face: a slider over the tokens; with `recompute(text) -> (tokens, runs)`, a text box
     for a new input sequence (the lesson passes a function that runs lib.mamba)."""
 
-    def __init__(self, tokens: Sequence[str], runs: Mapping[str, tuple], *,
-                 recompute: Callable[[str], tuple] | None = None, text: str = "",
-                 delta_channels: Sequence[int] | None = None):
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        runs: Mapping[str, tuple],
+        *,
+        recompute: Callable[[str], tuple] | None = None,
+        text: str = "",
+        delta_channels: Sequence[int] | None = None,
+    ):
         import ipywidgets as W
 
         self.tokens = [str(t) for t in tokens]
@@ -220,20 +342,23 @@ class SSMStateView:
         # chosen once: a new input sequence keeps the same channels in the Δ panel
         D = next(iter(self.runs.values()))[0].shape[1]
         self.delta_channels = _check_channels(
-            pick_delta_channels(self.runs) if delta_channels is None else delta_channels, D)
+            pick_delta_channels(self.runs) if delta_channels is None else delta_channels, D
+        )
         self.recompute = recompute
         style = {"description_width": "initial"}
         self.status = W.HTML()
         self.controls = {}
         rows = []
         if recompute is not None:
-            self.controls["text"] = W.Text(value=text, description="input sequence", style=style,
-                                           continuous_update=False, layout={"width": "60%"})
+            self.controls["text"] = W.Text(
+                value=text, description="input sequence", style=style, continuous_update=False, layout={"width": "60%"}
+            )
             self.controls["text"].observe(self._on_text, names="value")
             rows.append(self.controls["text"])
         # opens at the first token: step through the sequence as it arrives
-        self.controls["step"] = W.IntSlider(value=1, min=1, max=len(self.tokens),
-                                            description="token", style=style, continuous_update=True)
+        self.controls["step"] = W.IntSlider(
+            value=1, min=1, max=len(self.tokens), description="token", style=style, continuous_update=True
+        )
         self.controls["step"].observe(self._on_step, names="value")
         self.figure = go.FigureWidget(self._figure(0))
         self.widget = W.VBox(rows + [self.controls["step"], self.status, self.figure])
@@ -302,33 +427,97 @@ def masked_attention_figure(tokens: Sequence[str], decay, weights, *, title: str
     labels = T <= 16
     font = 11 if T <= 10 else 8
     pairs = [[[tokens[i], tokens[j]] for j in range(T)] for i in range(T)]
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
-        "causal mask M (lesson 01): 0 or −∞", "exp(M) here: what is left of x_s at t", "W: y_t = Σ_s W_ts x_s"))
-    fig.add_trace(go.Heatmap(
-        z=future.astype(int), zmin=0, zmax=1, colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]], showscale=False,
-        text=[["−∞" if f else "0" for f in row] for row in future], texttemplate="%{text}" if labels else None,
-        textfont={"size": font}, customdata=pairs, xgap=1, ygap=1, name="causal mask",
-        hovertemplate="t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>M = %{text}<extra></extra>"),
-        row=1, col=1)
-    fig.add_trace(go.Heatmap(
-        z=_lower(decay, future), zmin=0, zmax=1, colorscale=SEQUENTIAL, customdata=pairs,
-        text=[["" if f else f"{v:.2f}" for v, f in zip(r, fr)] for r, fr in zip(decay, future)],
-        texttemplate="%{text}" if labels else None, textfont={"size": font}, xgap=1, ygap=1, name="decay",
-        colorbar={"title": {"text": "left"}, "thickness": 10, "x": 0.63}, hoverongaps=False,
-        hovertemplate="t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>exp(M) = %{z:.4f}<extra></extra>"),
-        row=1, col=2)
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        horizontal_spacing=0.08,
+        subplot_titles=(
+            "causal mask M (lesson 01): 0 or −∞",
+            "exp(M) here: what is left of x_s at t",
+            "W: y_t = Σ_s W_ts x_s",
+        ),
+    )
+    fig.add_trace(
+        go.Heatmap(
+            z=future.astype(int),
+            zmin=0,
+            zmax=1,
+            colorscale=[[0, OPEN_COLOUR], [1, MASKED_COLOUR]],
+            showscale=False,
+            text=[["−∞" if f else "0" for f in row] for row in future],
+            texttemplate="%{text}" if labels else None,
+            textfont={"size": font},
+            customdata=pairs,
+            xgap=1,
+            ygap=1,
+            name="causal mask",
+            hovertemplate="t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>M = %{text}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Heatmap(
+            z=_lower(decay, future),
+            zmin=0,
+            zmax=1,
+            colorscale=SEQUENTIAL,
+            customdata=pairs,
+            text=[["" if f else f"{v:.2f}" for v, f in zip(r, fr)] for r, fr in zip(decay, future)],
+            texttemplate="%{text}" if labels else None,
+            textfont={"size": font},
+            xgap=1,
+            ygap=1,
+            name="decay",
+            colorbar={"title": {"text": "left"}, "thickness": 10, "x": 0.63},
+            hoverongaps=False,
+            hovertemplate=(
+                "t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>exp(M) = %{z:.4f}<extra></extra>"
+            ),
+        ),
+        row=1,
+        col=2,
+    )
     top = float(np.abs(weights).max()) or 1.0
-    fig.add_trace(go.Heatmap(
-        z=_lower(weights, future), zmin=-top, zmax=top, colorscale=DIVERGING, customdata=pairs,
-        xgap=1, ygap=1, name="W", hoverongaps=False, colorbar={"title": {"text": "W"}, "thickness": 10},
-        hovertemplate="t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>W = %{z:.4g}<extra></extra>"),
-        row=1, col=3)
+    fig.add_trace(
+        go.Heatmap(
+            z=_lower(weights, future),
+            zmin=-top,
+            zmax=top,
+            colorscale=DIVERGING,
+            customdata=pairs,
+            xgap=1,
+            ygap=1,
+            name="W",
+            hoverongaps=False,
+            colorbar={"title": {"text": "W"}, "thickness": 10},
+            hovertemplate="t = %{y} (%{customdata[0]}), s = %{x} (%{customdata[1]})<br>W = %{z:.4g}<extra></extra>",
+        ),
+        row=1,
+        col=3,
+    )
     ticks = {"tickmode": "array", "tickvals": list(range(T)), "ticktext": tokens, "tickfont": {"size": font}}
     for col in (1, 2, 3):
-        fig.update_xaxes(**ticks, title_text="s (input position)", range=[-0.5, T - 0.5], constrain="domain",
-                         showgrid=False, zeroline=False, row=1, col=col)
-        fig.update_yaxes(**ticks, autorange="reversed", scaleanchor=f"x{'' if col == 1 else col}", constrain="domain",
-                         showgrid=False, zeroline=False, row=1, col=col)
+        fig.update_xaxes(
+            **ticks,
+            title_text="s (input position)",
+            range=[-0.5, T - 0.5],
+            constrain="domain",
+            showgrid=False,
+            zeroline=False,
+            row=1,
+            col=col,
+        )
+        fig.update_yaxes(
+            **ticks,
+            autorange="reversed",
+            scaleanchor=f"x{'' if col == 1 else col}",
+            constrain="domain",
+            showgrid=False,
+            zeroline=False,
+            row=1,
+            col=col,
+        )
     fig.update_yaxes(title_text="t (output position)", row=1, col=1)
     fig.update_layout(title={"text": title, "x": 0.01}, height=420, plot_bgcolor="white", margin={"t": 80})
     return fig

@@ -57,8 +57,15 @@ def tile_grid(state: TileState) -> dict:
         kind.append([2 if n < n_full else 1 if n < n_end else 0 for n in range(n_k)])
         step.append([n if n < n_end else None for n in range(n_k)])
     visited = sum(k != 0 for row in kind for k in row)
-    return {"kind": kind, "step": step, "n_q": n_q, "n_k": n_k, "visited": visited, "total": n_q * n_k,
-            "masked": sum(k == 1 for row in kind for k in row)}
+    return {
+        "kind": kind,
+        "step": step,
+        "n_q": n_q,
+        "n_k": n_k,
+        "visited": visited,
+        "total": n_q * n_k,
+        "masked": sum(k == 1 for row in kind for k in row),
+    }
 
 
 def _colorscale() -> list:
@@ -86,8 +93,10 @@ def _frame_z(grid: dict, upto: int | None) -> tuple[list, list]:
 def _title(state: TileState, grid: dict) -> str:
     share = grid["visited"] / grid["total"]
     what = "causal" if state.causal else "no mask"
-    return (f"T = {state.T}, blocks {state.block_m} x {state.block_n}, {what}: the forward visits "
-            f"{grid['visited']} of {grid['total']} tiles ({share:.0%}), {grid['masked']} of them with an element mask")
+    return (
+        f"T = {state.T}, blocks {state.block_m} x {state.block_n}, {what}: the forward visits "
+        f"{grid['visited']} of {grid['total']} tiles ({share:.0%}), {grid['masked']} of them with an element mask"
+    )
 
 
 def tile_schedule_figure(state: TileState | None = None, *, animate: bool = True, **changes) -> go.Figure:
@@ -96,33 +105,72 @@ def tile_schedule_figure(state: TileState | None = None, *, animate: bool = True
     grid = tile_grid(state)
     assert grid["visited"] == visited_blocks(state.T, state.block_m, state.block_n, state.causal)
     z, text = _frame_z(grid, None)
-    heat = go.Heatmap(z=z, text=text, texttemplate="%{text}", zmin=-0.5, zmax=len(KINDS) - 0.5,
-                      colorscale=_colorscale(), xgap=2, ygap=2,
-                      colorbar={"title": {"text": "tile"}, "tickvals": list(range(len(KINDS))), "ticktext": list(KINDS)},
-                      customdata=[[KINDS[k] for k in row] for row in grid["kind"]],
-                      hovertemplate="query block %{y}, key block %{x}: %{customdata}<br>step %{text}<extra></extra>")
+    heat = go.Heatmap(
+        z=z,
+        text=text,
+        texttemplate="%{text}",
+        zmin=-0.5,
+        zmax=len(KINDS) - 0.5,
+        colorscale=_colorscale(),
+        xgap=2,
+        ygap=2,
+        colorbar={"title": {"text": "tile"}, "tickvals": list(range(len(KINDS))), "ticktext": list(KINDS)},
+        customdata=[[KINDS[k] for k in row] for row in grid["kind"]],
+        hovertemplate="query block %{y}, key block %{x}: %{customdata}<br>step %{text}<extra></extra>",
+    )
     fig = go.Figure(heat)
     fig.update_yaxes(title_text=f"query block (program), {state.block_m} queries each", autorange="reversed")
     fig.update_xaxes(title_text=f"key block, {state.block_n} keys each (visited left to right)")
-    fig.update_layout(title={"text": _title(state, grid), "font": {"size": 13}}, height=460, plot_bgcolor="white",
-                      meta={"onemask": "tile_schedule", "state": {"T": state.T, "block_m": state.block_m,
-                                                                  "block_n": state.block_n, "causal": state.causal}})
+    fig.update_layout(
+        title={"text": _title(state, grid), "font": {"size": 13}},
+        height=460,
+        plot_bgcolor="white",
+        meta={
+            "onemask": "tile_schedule",
+            "state": {"T": state.T, "block_m": state.block_m, "block_n": state.block_n, "causal": state.causal},
+        },
+    )
     n_steps = max((s for row in grid["step"] for s in row if s is not None), default=-1) + 1
     if animate and n_steps > 1:
         frames, steps = [], []
         for j in range(n_steps):
             fz, ft = _frame_z(grid, j)
             frames.append(go.Frame(name=str(j + 1), data=[go.Heatmap(z=fz, text=ft)]))
-            steps.append({"label": str(j + 1), "method": "animate",
-                          "args": [[str(j + 1)], {"mode": "immediate", "frame": {"duration": 0, "redraw": True}}]})
+            steps.append(
+                {
+                    "label": str(j + 1),
+                    "method": "animate",
+                    "args": [[str(j + 1)], {"mode": "immediate", "frame": {"duration": 0, "redraw": True}}],
+                }
+            )
         fig.frames = frames
         fig.update_layout(
-            sliders=[{"active": n_steps - 1, "steps": steps, "currentvalue": {"prefix": "key-block step: "},
-                      "pad": {"t": 40}}],
-            updatemenus=[{"type": "buttons", "showactive": False, "x": 0, "y": -0.18, "xanchor": "left",
-                          "buttons": [{"label": "▶ play", "method": "animate",
-                                       "args": [None, {"frame": {"duration": 400, "redraw": True}, "fromcurrent": False}]}]}],
-            height=560)
+            sliders=[
+                {
+                    "active": n_steps - 1,
+                    "steps": steps,
+                    "currentvalue": {"prefix": "key-block step: "},
+                    "pad": {"t": 40},
+                }
+            ],
+            updatemenus=[
+                {
+                    "type": "buttons",
+                    "showactive": False,
+                    "x": 0,
+                    "y": -0.18,
+                    "xanchor": "left",
+                    "buttons": [
+                        {
+                            "label": "▶ play",
+                            "method": "animate",
+                            "args": [None, {"frame": {"duration": 400, "redraw": True}, "fromcurrent": False}],
+                        }
+                    ],
+                }
+            ],
+            height=560,
+        )
     return fig
 
 
@@ -135,15 +183,17 @@ class TileSchedule(LiveView):
         s = replace(state or TileState(), **changes).check()
         style = {"description_width": "initial"}
         self.controls = {
-            "T": W.IntSlider(value=s.T, min=1, max=1024, description="sequence length T", style=style,
-                             continuous_update=False),
+            "T": W.IntSlider(
+                value=s.T, min=1, max=1024, description="sequence length T", style=style, continuous_update=False
+            ),
             "block_m": W.Dropdown(options=list(BLOCKS), value=s.block_m, description="BLOCK_M (queries)", style=style),
             "block_n": W.Dropdown(options=list(BLOCKS), value=s.block_n, description="BLOCK_N (keys)", style=style),
             "causal": W.Checkbox(value=s.causal, description="causal"),
         }
         c = self.controls
-        self._start(s, lambda figure: W.VBox([W.HBox([c["T"], c["causal"]]), W.HBox([c["block_m"], c["block_n"]]),
-                                              figure]))
+        self._start(
+            s, lambda figure: W.VBox([W.HBox([c["T"], c["causal"]]), W.HBox([c["block_m"], c["block_n"]]), figure])
+        )
 
     def _figure(self, state: TileState) -> go.Figure:
         return tile_schedule_figure(state, animate=False)

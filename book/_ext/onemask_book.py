@@ -90,35 +90,49 @@ def _before_you_start(app, docname: str, number: str) -> str:
             link = f"lesson {other}"
         items.append(f"<li>{link}{': ' + html.escape(why) if why else ''}</li>")
     if items:
-        prereq_html = ('<p><strong>Prerequisites.</strong> Read these lessons first:</p>\n'
-                       f'<ul class="onemask-prerequisites">{"".join(items)}</ul>')
+        prereq_html = (
+            "<p><strong>Prerequisites.</strong> Read these lessons first:</p>\n"
+            f'<ul class="onemask-prerequisites">{"".join(items)}</ul>'
+        )
     else:
-        prereq_html = '<p class="onemask-prerequisites"><strong>Prerequisites.</strong> None: the course starts here.</p>'
+        prereq_html = (
+            '<p class="onemask-prerequisites"><strong>Prerequisites.</strong> None: the course starts here.</p>'
+        )
 
     def download(href: str, what: str) -> str:
         return f'<li><a class="reference download" href="{href}" download=""><code>{href}</code></a>: {what}</li>'
 
     downloads = [download(f"{stem}.ipynb", "the lesson as executed for this page, with its outputs")]
     if _exercise_path(app, docname).exists():
-        downloads.append(download(f"exercises/{stem}.ipynb",
-                                  "the exercise version, solutions left out, with checks that give hints"))
+        downloads.append(
+            download(f"exercises/{stem}.ipynb", "the exercise version, solutions left out, with checks that give hints")
+        )
     else:
-        logger.warning(f"no exercise notebook lessons/exercises/{stem}.ipynb for this lesson (run `make exercises`)",
-                       location=docname)
+        logger.warning(
+            f"no exercise notebook lessons/exercises/{stem}.ipynb for this lesson (run `make exercises`)",
+            location=docname,
+        )
     build = _build_path(app, docname)
     if build is not None:
-        downloads.append(download(f"build/{build.name}", "build it yourself: the lesson's component written by you, "
-                                  "step by step, each step checked against the library (and a real model's weights "
-                                  "where there is one)"))
+        downloads.append(
+            download(
+                f"build/{build.name}",
+                "build it yourself: the lesson's component written by you, "
+                "step by step, each step checked against the library (and a real model's weights "
+                "where there is one)",
+            )
+        )
     else:
-        logger.warning(f"no build track lessons/build/{stem[:2]}-build-*.ipynb for this lesson (run `make exercises`)",
-                       location=docname)
+        logger.warning(
+            f"no build track lessons/build/{stem[:2]}-build-*.ipynb for this lesson (run `make exercises`)",
+            location=docname,
+        )
     build_open = f", or <code>build/{build.name}</code> to build its component yourself" if build else ""
     return f"""<div class="admonition note onemask-lesson-box">
 <p class="admonition-title">Before you start</p>
 {prereq_html}
 <p><strong>Notebooks.</strong> Download them:</p>
-<ul class="onemask-downloads">{''.join(downloads)}</ul>
+<ul class="onemask-downloads">{"".join(downloads)}</ul>
 <p><strong>Open in JupyterLab.</strong> The notebooks import the course's <code>lib</code>, so run them from a clone
 of the course repository: <code>make lab</code> sets everything up and opens JupyterLab on <code>lessons/</code>;
 there, open <code>{stem}.ipynb</code>, <code>exercises/{stem}.ipynb</code> to do the exercises{build_open}.</p>
@@ -166,8 +180,11 @@ def _text(title) -> str:
 
 def _figure_name(layout: dict) -> str:
     name = _text(layout.get("title"))
-    axes = [f"{key[0]} {_text(axis.get('title'))}" for key, axis in sorted(layout.items())
-            if re.fullmatch(r"[xy]axis\d*", key) and isinstance(axis, dict) and _text(axis.get("title"))]
+    axes = [
+        f"{key[0]} {_text(axis.get('title'))}"
+        for key, axis in sorted(layout.items())
+        if re.fullmatch(r"[xy]axis\d*", key) and isinstance(axis, dict) and _text(axis.get("title"))
+    ]
     axes = list(dict.fromkeys(axes))  # subplots often repeat an axis title
     if axes:
         name = f"{name or 'Figure'} (axes: {'; '.join(axes)})"

@@ -43,17 +43,46 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["MIMETYPE", "REQUIRED", "SCALE", "VERDICTS", "Claim", "Verdict", "arithmetic_if", "check_required", "claim",
-           "claims_in_notebook", "needs_gpu", "not_measurable", "partly_reproduced_if", "registered", "reproduced_if",
-           "verdict_summary"]
+__all__ = [
+    "MIMETYPE",
+    "REQUIRED",
+    "SCALE",
+    "VERDICTS",
+    "Claim",
+    "Verdict",
+    "arithmetic_if",
+    "check_required",
+    "claim",
+    "claims_in_notebook",
+    "needs_gpu",
+    "not_measurable",
+    "partly_reproduced_if",
+    "registered",
+    "reproduced_if",
+    "verdict_summary",
+]
 
 MIMETYPE = "application/vnd.onemask.claim+json"
 SCALE = "not reproduced at this scale"
-VERDICTS = ("reproduced", "partly reproduced", "contradicted", SCALE, "arithmetic", "needs a GPU",
-            "not measurable here")
+VERDICTS = (
+    "reproduced",
+    "partly reproduced",
+    "contradicted",
+    SCALE,
+    "arithmetic",
+    "needs a GPU",
+    "not measurable here",
+)
 _ID = re.compile(r"^[a-z0-9]+(?:[-.][a-z0-9]+)*$")
-_MARK = {"reproduced": "✔", "partly reproduced": "◐", "contradicted": "✘", SCALE: "≁", "arithmetic": "=",
-         "needs a GPU": "⚙", "not measurable here": "–"}
+_MARK = {
+    "reproduced": "✔",
+    "partly reproduced": "◐",
+    "contradicted": "✘",
+    SCALE: "≁",
+    "arithmetic": "=",
+    "needs a GPU": "⚙",
+    "not measurable here": "–",
+}
 
 
 class Verdict(str):
@@ -69,6 +98,7 @@ def _verdict(value: str, decided_at: str | None = None) -> Verdict:
     made = Verdict(value)
     made.decided_at = decided_at
     return made
+
 
 _IN_EVIDENCE = ""  # decided_at of a verdict read back from a record: the evidence already says it
 _DECIDED_AT = "would be decided at: "
@@ -129,19 +159,29 @@ class Claim:
         if data["verdict"] not in VERDICTS:
             raise ValueError(f"claim verdict must be one of {VERDICTS}, got {data['verdict']!r}")
         if data["verdict"] == SCALE and _DECIDED_AT not in str(data["evidence"]):
-            raise ValueError(f"claim {data['id']!r}: a {SCALE!r} record's evidence must say the scale at which it "
-                             f"would be decided ('{_DECIDED_AT}...'), got {data['evidence']!r}")
-        return claim(data["id"], data["statement"], source=data["source"],
-                     verdict=_verdict(data["verdict"], _IN_EVIDENCE), evidence=data["evidence"])
+            raise ValueError(
+                f"claim {data['id']!r}: a {SCALE!r} record's evidence must say the scale at which it "
+                f"would be decided ('{_DECIDED_AT}...'), got {data['evidence']!r}"
+            )
+        return claim(
+            data["id"],
+            data["statement"],
+            source=data["source"],
+            verdict=_verdict(data["verdict"], _IN_EVIDENCE),
+            evidence=data["evidence"],
+        )
 
     def __str__(self) -> str:
-        return f"{_MARK[self.verdict]} [{self.verdict}] {self.id}: {self.statement} — {self.evidence} (source: {self.source})"
+        head = f"{_MARK[self.verdict]} [{self.verdict}] {self.id}"
+        return f"{head}: {self.statement} — {self.evidence} (source: {self.source})"
 
     def _repr_html_(self) -> str:
         e = html.escape
-        return (f'<div class="onemask-claim" id="claim-{e(self.id)}"><strong>Claim {e(self.id)}</strong> '
-                f'<strong>{_MARK[self.verdict]} {e(self.verdict)}</strong>: {e(self.statement)}<br>'
-                f'<em>Measured:</em> {e(self.evidence)}<br><em>Source:</em> {e(self.source)}</div>')
+        return (
+            f'<div class="onemask-claim" id="claim-{e(self.id)}"><strong>Claim {e(self.id)}</strong> '
+            f"<strong>{_MARK[self.verdict]} {e(self.verdict)}</strong>: {e(self.statement)}<br>"
+            f"<em>Measured:</em> {e(self.evidence)}<br><em>Source:</em> {e(self.source)}</div>"
+        )
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
         # Deterministic: the same fields give the same bytes (nbval compares stored outputs).
@@ -161,8 +201,10 @@ def claim(id: str, statement: str, *, source: str, verdict: str, evidence: str) 
     if not isinstance(id, str) or not _ID.match(id):
         raise ValueError(f"claim id must be lower-case kebab-case like 'kv-cache-7b-34gb', got {id!r}")
     if not isinstance(verdict, Verdict):
-        raise TypeError(f"claim verdict must be decided by reproduced_if, partly_reproduced_if, arithmetic_if, "
-                        f"needs_gpu or not_measurable from the measurement, not given as {verdict!r}")
+        raise TypeError(
+            f"claim verdict must be decided by reproduced_if, partly_reproduced_if, arithmetic_if, "
+            f"needs_gpu or not_measurable from the measurement, not given as {verdict!r}"
+        )
     evidence = _text("evidence", evidence)
     if verdict == SCALE:
         if verdict.decided_at is None:  # only reproduced_if(..., otherwise=SCALE, decided_at=...) makes SCALE
@@ -195,8 +237,9 @@ def verdict_summary(timed: Iterable[str] = ()) -> str:
     timed = set(timed)
     unknown = sorted(timed - set(_REGISTERED))
     if unknown:
-        raise ValueError(f"timed names claims not registered in this kernel: {unknown} "
-                         f"(registered: {sorted(_REGISTERED)})")
+        raise ValueError(
+            f"timed names claims not registered in this kernel: {unknown} (registered: {sorted(_REGISTERED)})"
+        )
     lines = []
     for c in _REGISTERED.values():
         mark, verdict = ("⏱", "timed on this CPU") if c.id in timed else (_MARK[c.verdict], c.verdict)
@@ -210,12 +253,14 @@ def _condition(name: str, holds: Any) -> bool:
     try:
         return bool(holds)  # numpy and torch booleans, and numbers, by their truth value
     except (RuntimeError, ValueError) as err:  # an array or tensor of several values
-        raise TypeError(f"{name} needs one measured condition (a bool), got {type(holds).__name__} "
-                        f"of several values: reduce it with .all() or .any()") from err
+        raise TypeError(
+            f"{name} needs one measured condition (a bool), got {type(holds).__name__} "
+            f"of several values: reduce it with .all() or .any()"
+        ) from err
 
 
 def reproduced_if(holds: Any, *, otherwise: str = "contradicted", decided_at: str | None = None) -> Verdict:
-    """"reproduced" when the measured condition holds, else `otherwise`: "contradicted", or SCALE
+    """ "reproduced" when the measured condition holds, else `otherwise`: "contradicted", or SCALE
     ("not reproduced at this scale") for a claim about models or runs larger than the course can
     make. SCALE is a promise: `decided_at` names the scale at which the claim would be decided
     (model size, training length, sequence length, hardware), and the evidence states the scale
@@ -224,16 +269,19 @@ def reproduced_if(holds: Any, *, otherwise: str = "contradicted", decided_at: st
         raise ValueError(f"otherwise must be 'contradicted' or '{SCALE}', got {otherwise!r}")
     if otherwise == SCALE:
         if not isinstance(decided_at, str) or not decided_at.strip():
-            raise TypeError(f"reproduced_if(otherwise='{SCALE}') needs decided_at: the scale at which the claim "
-                            f"would be decided (a non-empty str), got {decided_at!r}")
+            raise TypeError(
+                f"reproduced_if(otherwise='{SCALE}') needs decided_at: the scale at which the claim "
+                f"would be decided (a non-empty str), got {decided_at!r}"
+            )
     elif decided_at is not None:
         raise ValueError(f"decided_at goes with otherwise='{SCALE}' only, got otherwise={otherwise!r}")
-    return _verdict("reproduced" if _condition("reproduced_if", holds) else otherwise,
-                    decided_at if otherwise == SCALE else None)
+    return _verdict(
+        "reproduced" if _condition("reproduced_if", holds) else otherwise, decided_at if otherwise == SCALE else None
+    )
 
 
 def partly_reproduced_if(every: Any, some: Any) -> Verdict:
-    """"reproduced" when every part of the claim holds (a range at both ends, every measured point of
+    """ "reproduced" when every part of the claim holds (a range at both ends, every measured point of
     its domain), "partly reproduced" when only some do, "contradicted" when none does."""
     every, some = _condition("partly_reproduced_if", every), _condition("partly_reproduced_if", some)
     if every and not some:
@@ -242,7 +290,7 @@ def partly_reproduced_if(every: Any, some: Any) -> Verdict:
 
 
 def arithmetic_if(holds: Any) -> Verdict:
-    """"arithmetic" when the computed identity holds (a claim true by multiplying published sizes,
+    """ "arithmetic" when the computed identity holds (a claim true by multiplying published sizes,
     which the cell recomputes), "contradicted" when the source's arithmetic is wrong."""
     return _verdict("arithmetic" if _condition("arithmetic_if", holds) else "contradicted")
 
@@ -254,14 +302,14 @@ def _reason(name: str, reason: Any) -> str:
 
 
 def needs_gpu(reason: str) -> Verdict:
-    """"needs a GPU": the claim is about a GPU's speed or memory, which this machine lacks; `reason`
+    """ "needs a GPU": the claim is about a GPU's speed or memory, which this machine lacks; `reason`
     says which GPU and what would measure it (the evidence repeats it)."""
     _reason("needs_gpu", reason)
     return _verdict("needs a GPU")
 
 
 def not_measurable(reason: str) -> Verdict:
-    """"not measurable here": nothing the course can run decides the claim; `reason` says why."""
+    """ "not measurable here": nothing the course can run decides the claim; `reason` says why."""
     _reason("not_measurable", reason)
     return _verdict("not measurable here")
 
@@ -286,5 +334,7 @@ def check_required(ids: Iterable[str], required: Iterable[str] = REQUIRED) -> No
     missing = [r for r in required if r not in counts]
     repeated = sorted(i for i, n in counts.items() if n > 1)
     if missing or repeated:
-        raise ValueError(f"claims ledger: required claims missing {missing}; claims registered more than once "
-                         f"{repeated} (run the lessons that measure them, or give each claim one id)")
+        raise ValueError(
+            f"claims ledger: required claims missing {missing}; claims registered more than once "
+            f"{repeated} (run the lessons that measure them, or give each claim one id)"
+        )

@@ -45,15 +45,41 @@ from torch.utils.flop_counter import FlopCounterMode
 from lib._checks import require_int, require_real
 from lib.gpt import GPT, CausalSelfAttention, GPTConfig
 from lib.hybrid import HybridGPT
+from lib.mamba import MambaConfig, MambaLM, SelectiveSSM
 from lib.moe import MoE
 from lib.moe_lm import moe_gpt
-from lib.mamba import MambaConfig, MambaLM, SelectiveSSM
 from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
 
-__all__ = ["ARCHITECTURES", "COPY_RECIPES", "RECALL_RECIPES", "SETTINGS", "SWEEPS", "MixedTask", "Recipe", "Setting",
-           "accuracy_grid", "active_parameters", "attention_crossover", "attention_flop_split", "beats", "build_model", "build_models", "copy_task", "expert_scaling",
-           "forward_flops", "get_setting", "judge_gap", "judge_state_sweep", "learned_runs", "parameter_table",
-           "recall_task", "scaling_exponent", "seed_range", "train_all", "trained"]
+__all__ = [
+    "ARCHITECTURES",
+    "COPY_RECIPES",
+    "RECALL_RECIPES",
+    "SETTINGS",
+    "SWEEPS",
+    "MixedTask",
+    "Recipe",
+    "Setting",
+    "accuracy_grid",
+    "active_parameters",
+    "attention_crossover",
+    "attention_flop_split",
+    "beats",
+    "build_model",
+    "build_models",
+    "copy_task",
+    "expert_scaling",
+    "forward_flops",
+    "get_setting",
+    "judge_gap",
+    "judge_state_sweep",
+    "learned_runs",
+    "parameter_table",
+    "recall_task",
+    "scaling_exponent",
+    "seed_range",
+    "train_all",
+    "trained",
+]
 
 ARCHITECTURES = ("GPT", "Mamba", "MoE GPT", "Hybrid")
 DECODE_TOKENS = 16  # tokens generated per timing of a decoding step (lib.course.bench.compare)
@@ -127,8 +153,11 @@ class Setting:
 
     def __post_init__(self):
         for task, recipes in (("recall", self.recall), ("copy", self.copy)):
-            if (not isinstance(recipes, dict) or set(recipes) != set(ARCHITECTURES)
-                    or not all(isinstance(r, Recipe) for r in recipes.values())):
+            if (
+                not isinstance(recipes, dict)
+                or set(recipes) != set(ARCHITECTURES)
+                or not all(isinstance(r, Recipe) for r in recipes.values())
+            ):
                 raise ValueError(f"{task} must map each of {ARCHITECTURES} to a Recipe, got {recipes!r}")
         if not self.seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in self.seeds):
             raise ValueError(f"seeds must be a non-empty tuple of ints, got {self.seeds!r}")
@@ -164,15 +193,29 @@ SETTINGS = {
     # The record (python -m lib.course.bench.compare): the full recipes, three seeds, longer copies, and recall by a
     # Mamba whose state holds one number per channel (d_state 1); float32 (one machine's run, written down with
     # its machine). About 50 minutes on 2 cores.
-    "full": Setting("full", copy_train_blanks=(8, 16, 24, 32), copy_eval_blanks=(8, 16, 32, 64, 128, 256),
-                    eval_batches=8, decode_contexts=(64, 512, 2048, 8192), seeds=(0, 1, 2), dtype="float32",
-                    state_sizes=(1,)),
+    "full": Setting(
+        "full",
+        copy_train_blanks=(8, 16, 24, 32),
+        copy_eval_blanks=(8, 16, 32, 64, 128, 256),
+        eval_batches=8,
+        decode_contexts=(64, 512, 2048, 8192),
+        seeds=(0, 1, 2),
+        dtype="float32",
+        state_sizes=(1,),
+    ),
     # The state sweep (python -m lib.course.bench.compare --setting state, lib.course.bench.compare.state_sweep): recall
     # alone, trained on every pair count up to the largest it is asked (so no model meets a length it never
     # trained on), the GPT against the Mamba at three state sizes; three seeds, float32. About 35 minutes on
     # 2 cores.
-    "state": Setting("state", recall_train_pairs=(4, 8, 16), recall_eval_pairs=(1, 2, 4, 8, 16), eval_batches=8,
-                     seeds=(0, 1, 2), dtype="float32", state_sizes=(16, 4, 1)),
+    "state": Setting(
+        "state",
+        recall_train_pairs=(4, 8, 16),
+        recall_eval_pairs=(1, 2, 4, 8, 16),
+        eval_batches=8,
+        seeds=(0, 1, 2),
+        dtype="float32",
+        state_sizes=(16, 4, 1),
+    ),
 }
 SWEEPS = ("state",)  # the settings that lib.course.bench.compare runs with state_sweep instead of run
 
@@ -184,7 +227,9 @@ def get_setting(setting) -> Setting:
             raise ValueError(f"setting must be a Setting or one of {sorted(SETTINGS)}, got {setting!r}")
         return SETTINGS[setting]
     if not isinstance(setting, Setting):
-        raise TypeError(f"setting must be a lib.course.compare.Setting or one of {sorted(SETTINGS)}, got {type(setting).__name__}")
+        raise TypeError(
+            f"setting must be a lib.course.compare.Setting or one of {sorted(SETTINGS)}, got {type(setting).__name__}"
+        )
     return setting
 
 
@@ -235,17 +280,21 @@ def build_model(setting: Setting | str, name: str, vocab_size: int, *, seed: int
     require_int("vocab_size", vocab_size, minimum=1)
     seed = s.seed if seed is None else require_int("seed", seed)
     C = s.d_model
-    gpt_config = GPTConfig(vocab_size=vocab_size, block_size=s.block_size, n_layer=2, n_head=4, n_embd=C,
-                           positions="rope")
+    gpt_config = GPTConfig(
+        vocab_size=vocab_size, block_size=s.block_size, n_layer=2, n_head=4, n_embd=C, positions="rope"
+    )
     hybrid_C = 3 * C // 4 // 4 * 4  # divisible by the 4 heads
     makers: dict[str, Callable[[], torch.nn.Module]] = {
         "GPT": lambda: GPT(gpt_config),
         "Mamba": lambda: MambaLM(MambaConfig(vocab_size=vocab_size, d_model=C, n_layers=3, d_state=s.d_state)),
         "MoE GPT": lambda: moe_gpt(gpt_config, num_experts=4, top_k=2, d_ff=2 * C),
         "Hybrid": lambda: HybridGPT(
-            GPTConfig(vocab_size=vocab_size, block_size=s.block_size, n_layer=3, n_head=4, n_embd=hybrid_C,
-                      positions="rope"),
-            "MMA", MambaConfig(vocab_size=vocab_size, d_model=hybrid_C, n_layers=2, d_state=s.d_state)),
+            GPTConfig(
+                vocab_size=vocab_size, block_size=s.block_size, n_layer=3, n_head=4, n_embd=hybrid_C, positions="rope"
+            ),
+            "MMA",
+            MambaConfig(vocab_size=vocab_size, d_model=hybrid_C, n_layers=2, d_state=s.d_state),
+        ),
     }
     torch.manual_seed(seed + ARCHITECTURES.index(name))
     return makers[name]()
@@ -265,13 +314,21 @@ def active_parameters(model: torch.nn.Module) -> int:
 
 def parameter_table(models: dict[str, torch.nn.Module]) -> list[dict]:
     """[{model, total, active}] with the tied head counted once."""
-    return [dict(model=name, total=sum(p.numel() for p in m.parameters()), active=active_parameters(m))
-            for name, m in models.items()]
+    return [
+        dict(model=name, total=sum(p.numel() for p in m.parameters()), active=active_parameters(m))
+        for name, m in models.items()
+    ]
 
 
 # --------------------------------------------------------------------------- training and accuracy
-def train_all(models: dict[str, torch.nn.Module], task, recipe: Recipe | dict[str, Recipe], *, seed: int = 0,
-              on_step: Callable[[str, int, float], None] | None = None) -> dict[str, list[float]]:
+def train_all(
+    models: dict[str, torch.nn.Module],
+    task,
+    recipe: Recipe | dict[str, Recipe],
+    *,
+    seed: int = 0,
+    on_step: Callable[[str, int, float], None] | None = None,
+) -> dict[str, list[float]]:
     """`lib.tasks.train_on_task` for each model with its recipe (one Recipe for all, or name -> Recipe);
     the batches come from one seed. Returns the losses per model."""
     recipes = recipe if isinstance(recipe, dict) else {name: recipe for name in models}
@@ -282,15 +339,18 @@ def train_all(models: dict[str, torch.nn.Module], task, recipe: Recipe | dict[st
     for name, model in models.items():
         r = recipes[name]
         hook = None if on_step is None else (lambda step, loss, name=name: on_step(name, step, loss))
-        losses[name] = train_on_task(model, task, steps=r.steps, batch_size=r.batch_size, lr=r.lr, betas=r.betas,
-                                     seed=seed, on_step=hook)
+        losses[name] = train_on_task(
+            model, task, steps=r.steps, batch_size=r.batch_size, lr=r.lr, betas=r.betas, seed=seed, on_step=hook
+        )
     return losses
 
 
 def accuracy_grid(models: dict[str, torch.nn.Module], tasks: dict, *, batches: int = 4, batch_size: int = 64) -> dict:
     """{model: {task key: accuracy}} with `lib.tasks.task_accuracy` (held-out seed)."""
-    return {name: {key: task_accuracy(m, t, batches=batches, batch_size=batch_size) for key, t in tasks.items()}
-            for name, m in models.items()}
+    return {
+        name: {key: task_accuracy(m, t, batches=batches, batch_size=batch_size) for key, t in tasks.items()}
+        for name, m in models.items()
+    }
 
 
 # --------------------------------------------------------------------------- reading several seeds
@@ -325,8 +385,11 @@ def judge_gap(acc: dict, better: str, worse: str, *, easiest, judged, margin: fl
     "not_learned": [models], "at": {key: bool}}. A gap between a model that learned and one that did
     not is a gap in training, not in architecture, so a verdict needs "learned" first."""
     learned = trained({n: acc[n] for n in (better, worse)}, easiest)
-    return dict(learned=all(learned.values()), not_learned=[n for n, ok in learned.items() if not ok],
-                at={str(k): beats(acc, better, worse, k, margin) for k in judged})
+    return dict(
+        learned=all(learned.values()),
+        not_learned=[n for n, ok in learned.items() if not ok],
+        at={str(k): beats(acc, better, worse, k, margin) for k in judged},
+    )
 
 
 def learned_runs(acc: dict, key, threshold: float = 0.95) -> dict:
@@ -340,8 +403,16 @@ def learned_runs(acc: dict, key, threshold: float = 0.95) -> dict:
     return out
 
 
-def judge_state_sweep(acc: dict, *, easiest, judged, attention: str = "GPT", margin: float = 0.05,
-                      threshold: float = 0.95, min_runs: int = 2) -> dict:
+def judge_state_sweep(
+    acc: dict,
+    *,
+    easiest,
+    judged,
+    attention: str = "GPT",
+    margin: float = 0.05,
+    threshold: float = 0.95,
+    min_runs: int = 2,
+) -> dict:
     """A state sweep's judgement ({model: {P: [per seed]}}, as `state_sweep` writes it): for each model
     besides `attention`, whether attention beats it (`beats`: a gap no seed closes) at each P in
     `judged`, counting only each model's runs that learned the task (`learned_runs` at `easiest`).
@@ -357,8 +428,9 @@ def judge_state_sweep(acc: dict, *, easiest, judged, attention: str = "GPT", mar
         if name == attention:
             continue
         enough = count[name][0] >= min_runs and count[attention][0] >= min_runs
-        out[name] = dict(runs=count[name], at={str(k): beats(good, attention, name, k, margin) for k in judged}
-                         if enough else None)
+        out[name] = dict(
+            runs=count[name], at={str(k): beats(good, attention, name, k, margin) for k in judged} if enough else None
+        )
     return out
 
 
@@ -382,9 +454,14 @@ def forward_flops(model: torch.nn.Module, T: int, batch: int = 1) -> int:
         model(idx)
     counted = counter.get_flop_counts().get("Global", {})
     sdpa = sum(n for op, n in counted.items() if "scaled_dot_product" in str(op))
-    attention = sum(4 * batch * T * T * m.n_head * m.head_dim for m in model.modules()
-                    if isinstance(m, CausalSelfAttention) and m.backend in ("auto", "sdpa"))  # others: plain matmuls, counted
-    scan = sum(8 * batch * T * m.A_log.shape[0] * m.A_log.shape[1] for m in model.modules() if isinstance(m, SelectiveSSM))
+    attention = sum(
+        4 * batch * T * T * m.n_head * m.head_dim
+        for m in model.modules()
+        if isinstance(m, CausalSelfAttention) and m.backend in ("auto", "sdpa")
+    )  # others: plain matmuls, counted
+    scan = sum(
+        8 * batch * T * m.A_log.shape[0] * m.A_log.shape[1] for m in model.modules() if isinstance(m, SelectiveSSM)
+    )
     return int(counter.get_total_flops()) - sdpa + attention + scan
 
 
@@ -397,8 +474,9 @@ def attention_flop_split(model: torch.nn.Module, T: int, batch: int = 1) -> tupl
     require_int("T", T, minimum=1)
     require_int("batch", batch, minimum=1)
     _vocab_size(model)
-    blocks = {name: [c for c in m.children() if isinstance(c, CausalSelfAttention)]
-              for name, m in model.named_modules()}
+    blocks = {
+        name: [c for c in m.children() if isinstance(c, CausalSelfAttention)] for name, m in model.named_modules()
+    }
     blocks = {name: attns for name, attns in blocks.items() if attns}
     if not blocks:
         raise ValueError(f"model has no attention block: {type(model).__name__}")
@@ -407,8 +485,12 @@ def attention_flop_split(model: torch.nn.Module, T: int, batch: int = 1) -> tupl
         model(idx)
     counts = counter.get_flop_counts()  # keyed "<model class>.<module path>"
     root = type(model).__name__
-    rest = sum(n for name in blocks for op, n in counts.get(f"{root}.{name}", {}).items()
-               if "scaled_dot_product" not in str(op))
+    rest = sum(
+        n
+        for name in blocks
+        for op, n in counts.get(f"{root}.{name}", {}).items()
+        if "scaled_dot_product" not in str(op)
+    )
     attention = sum(4 * batch * T * T * a.n_head * a.head_dim for attns in blocks.values() for a in attns)
     return attention, rest
 
@@ -450,7 +532,9 @@ def _scans_out_of_sight(model: torch.nn.Module):
 def _vocab_size(model) -> int:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "vocab_size"):
-        raise TypeError(f"model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.mamba.MambaLM, got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.mamba.MambaLM, got {type(model).__name__}"
+        )
     return config.vocab_size
 
 
@@ -476,8 +560,14 @@ def expert_scaling(setting: Setting | str, vocab_size: int, T: int = 256) -> lis
     for E in s.expert_counts:
         torch.manual_seed(s.seed)
         m = moe_gpt(config, num_experts=E, top_k=2, d_ff=2 * C)
-        rows.append(dict(experts=E, total=sum(p.numel() for p in m.parameters()), active=active_parameters(m),
-                         flops=forward_flops(m, T)))
+        rows.append(
+            dict(
+                experts=E,
+                total=sum(p.numel() for p in m.parameters()),
+                active=active_parameters(m),
+                flops=forward_flops(m, T),
+            )
+        )
     return rows
 
 

@@ -1,6 +1,7 @@
 """The small trained models the classroom gallery's widgets draw (`widgets.gallery`).
 
-Each is trained here, seeded, in float64 on one thread (tiny models train faster on one), so it is the same model on every CPU, and
+Each is trained here, seeded, in float64 on one thread (tiny models train faster on one), so it is the same
+model on every CPU, and
 much smaller and shorter than the lessons' runs (its numbers are those of a smaller model): 15 s
 (the character GPT, the MoE runs) to 35 s (the two Mamba models) each on a two-core machine. Each
 is trained once per Python process (`functools.lru_cache`).
@@ -49,8 +50,7 @@ def ssm_models():
     with torch_threads(1), default_dtype(torch.float64):  # the same trained models on every CPU
         for name, selective in (("selective", True), ("fixed Δ, B, C", False)):
             torch.manual_seed(0)
-            models[name] = MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2,
-                                               selective=selective))
+            models[name] = MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2, selective=selective))
             train_on_task(models[name], task, steps=150, batch_size=32, lr=5e-3, seed=0)
     return task, models
 
@@ -62,7 +62,14 @@ def moe_runs():
     send every token to two experts while its probabilities stay flat, which lesson 07 explains)."""
     with torch_threads(1), default_dtype(torch.float64):  # the same trained models on every CPU
         records = {alpha: train_moe_lm(alpha, steps=80, seed=0) for alpha in (0.0, 0.1)}
-    return {f"α = {alpha:g}": {"load": rec.load, "loss": rec.loss, "aux_loss": rec.aux_loss,
-                               "assignments": rec.assignments, "assignment_steps": rec.assignment_steps,
-                               "tokens": rec.tokens}
-            for alpha, rec in records.items()}
+    return {
+        f"α = {alpha:g}": {
+            "load": rec.load,
+            "loss": rec.loss,
+            "aux_loss": rec.aux_loss,
+            "assignments": rec.assignments,
+            "assignment_steps": rec.assignment_steps,
+            "tokens": rec.tokens,
+        }
+        for alpha, rec in records.items()
+    }

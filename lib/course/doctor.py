@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lib.course.lessons import LESSONS, measured
 from lib.course.hosted import MIN_TORCH, TESTED_TORCH
+from lib.course.lessons import LESSONS, measured
 
 __all__ = ["Capabilities", "capabilities", "memory_limit_gib", "report", "smollm2_status", "torch_note", "triton_mode"]
 
@@ -54,7 +54,7 @@ def _version(module: str) -> str | None:
 
 
 def triton_mode() -> str:
-    """"compiled" on a CUDA GPU, "interpreter" where TRITON_INTERPRET=1 runs kernels on the CPU
+    """ "compiled" on a CUDA GPU, "interpreter" where TRITON_INTERPRET=1 runs kernels on the CPU
     (the lessons set it themselves when there is no GPU), "unavailable" without triton."""
     if _version("triton") is None:
         return "unavailable"
@@ -71,8 +71,10 @@ def torch_note(version: str) -> str:
     major_minor = tuple(int(part) for part in release.split(".")[:2])
     if major_minor < tuple(int(part) for part in MIN_TORCH.split(".")):
         return f"WARNING: older than {MIN_TORCH}, the oldest supported: lessons may fail; install torch {TESTED_TORCH}"
-    return (f"WARNING: not the tested {TESTED_TORCH} (supported: {MIN_TORCH} or newer; every lesson also runs on 2.14.1): "
-            "a printed number may differ slightly from the one stored in the notebook")
+    return (
+        f"WARNING: not the tested {TESTED_TORCH} (supported: {MIN_TORCH} or newer; every lesson also runs on 2.14.1): "
+        "a printed number may differ slightly from the one stored in the notebook"
+    )
 
 
 def memory_limit_gib() -> float | None:
@@ -151,8 +153,7 @@ def report(caps: Capabilities | None = None, file=None) -> Capabilities:
         f"  Triton: {triton}",
         f"  C scan loop (lesson 06): {caps.cpu_scan}",
         f"  SmolLM2-135M (lessons 01, 03, 04, 05): {caps.smollm2}",
-        "  memory this kernel may use: "
-        + (f"{caps.memory_gib} GiB" if caps.memory_gib is not None else "unknown"),
+        "  memory this kernel may use: " + (f"{caps.memory_gib} GiB" if caps.memory_gib is not None else "unknown"),
         "What each lesson does here:",
     ]
     runs = measured()
@@ -162,8 +163,10 @@ def report(caps: Capabilities | None = None, file=None) -> Capabilities:
             does += f"; a GPU adds: {lesson.gpu}"
         peak = runs.get(lesson.stem, {}).get("peak_rss_mib")
         if peak and caps.memory_gib is not None and peak / 1024 > caps.memory_gib:
-            does += (f"; NEEDS MORE MEMORY: its kernel peaked at {peak:,} MiB when measured, "
-                     f"more than the {caps.memory_gib} GiB here (ask for a larger server)")
+            does += (
+                f"; NEEDS MORE MEMORY: its kernel peaked at {peak:,} MiB when measured, "
+                f"more than the {caps.memory_gib} GiB here (ask for a larger server)"
+            )
         status = "" if lesson.landed() else " (not written yet)"
         lines.append(f"  {lesson.number:02d} {lesson.title}{status}: {does}")
     print("\n".join(lines), file=out)

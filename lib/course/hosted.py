@@ -35,8 +35,18 @@ try:
 except ImportError:  # a bare Python: pip carries its own copy
     from pip._vendor.packaging.requirements import Requirement
 
-__all__ = ["COURSE", "FRONTEND", "HELD", "MIN_TORCH", "TESTED_TORCH", "WEIGHTS", "bootstrap", "missing_weights",
-           "pip_install_command", "plan"]
+__all__ = [
+    "COURSE",
+    "FRONTEND",
+    "HELD",
+    "MIN_TORCH",
+    "TESTED_TORCH",
+    "WEIGHTS",
+    "bootstrap",
+    "missing_weights",
+    "pip_install_command",
+    "plan",
+]
 
 COURSE = Path(__file__).resolve().parents[2]  # the course's folder: pyproject.toml, lessons/, benchmarks/
 MIN_TORCH = "2.11"  # the oldest torch lib supports; pyproject.toml says the same
@@ -113,10 +123,12 @@ def _pip(args: list[str], constraints: list[str], run) -> int:
         return run(pip_install_command(args, str(path) if constraints else None)).returncode
 
 
-NO_NETWORK = ("If this machine has no network: on a machine that has, download the course (git clone, or the "
-              "repository as a zip) and `pip download` its requirements (and, with --no-deps, those of "
-              f"{WEIGHTS}), copy both here, then run "
-              "`pip install --no-index --find-links <that folder> -e <the course folder>`.")
+NO_NETWORK = (
+    "If this machine has no network: on a machine that has, download the course (git clone, or the "
+    "repository as a zip) and `pip download` its requirements (and, with --no-deps, those of "
+    f"{WEIGHTS}), copy both here, then run "
+    "`pip install --no-index --find-links <that folder> -e <the course folder>`."
+)
 
 
 def bootstrap(root: Path = COURSE, run=subprocess.run, dry_run: bool = False, out=print) -> bool:
@@ -124,16 +136,22 @@ def bootstrap(root: Path = COURSE, run=subprocess.run, dry_run: bool = False, ou
     to_install, constraints, problems = plan(requirements(root))
     weights = missing_weights(root)
     if problems:
-        out("Cannot set up the course in this Python: " + "; ".join(problems) + ". Use a runtime with "
+        out(
+            "Cannot set up the course in this Python: " + "; ".join(problems) + ". Use a runtime with "
             f"torch {MIN_TORCH} or newer (tested: {TESTED_TORCH}), or a fresh virtual environment; "
-            "nothing was installed.")
+            "nothing was installed."
+        )
         return False
     if dry_run:
-        out(f"would install: {' '.join(to_install) or 'nothing'} (held: {' '.join(constraints) or 'nothing'}); "
-            f"without dependencies: {' '.join(weights) or 'nothing'}; then convert the model (python -m lib.smollm2)")
+        out(
+            f"would install: {' '.join(to_install) or 'nothing'} (held: {' '.join(constraints) or 'nothing'}); "
+            f"without dependencies: {' '.join(weights) or 'nothing'}; then convert the model (python -m lib.smollm2)"
+        )
         return True
     if to_install:
-        out(f"Installing what this Python lacks: {' '.join(to_install)} (keeping {', '.join(constraints) or 'nothing'})")
+        out(
+            f"Installing what this Python lacks: {' '.join(to_install)} (keeping {', '.join(constraints) or 'nothing'})"
+        )
         if "torch" in {Requirement(r).name for r in to_install}:
             out("torch is not installed here: pip downloads it (about 1-3 GB).")
         if _pip(to_install, constraints, run):
@@ -152,8 +170,10 @@ def bootstrap(root: Path = COURSE, run=subprocess.run, dry_run: bool = False, ou
     importlib.invalidate_caches()
     out("Converting SmolLM2-135M-Instruct's file once (about 10 s; lessons 01, 03, 04 and 05 load the copy)")
     if run([sys.executable, "-m", "lib.smollm2"], cwd=str(root)).returncode:
-        out("Could not convert SmolLM2-135M-Instruct's file (its message is above); the lessons that use it "
-            "will try again and say what is wrong.")
+        out(
+            "Could not convert SmolLM2-135M-Instruct's file (its message is above); the lessons that use it "
+            "will try again and say what is wrong."
+        )
     out(f"One Mask is set up from {root}.")
     return True
 

@@ -17,8 +17,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LESSONS", "Lesson", "READING_WPM", "build_minutes", "class_needs", "lessons_markdown", "measured",
-           "sizing_markdown", "study_minutes"]
+__all__ = [
+    "LESSONS",
+    "Lesson",
+    "READING_WPM",
+    "build_minutes",
+    "class_needs",
+    "lessons_markdown",
+    "measured",
+    "sizing_markdown",
+    "study_minutes",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADROOM = 1.25  # per-student memory: a lesson's measured peak plus a quarter (other data, other runs)
@@ -51,22 +60,65 @@ class Lesson:
 
 
 LESSONS: tuple[Lesson, ...] = (
-    Lesson(1, "masking-equation", "One equation, one mask", "What separates BERT from GPT?",
-           "runs fully", "nothing needed"),
-    Lesson(2, "bert", "BERT", "What does a bidirectional encoder learn, and is ours the real thing?",
-           "runs fully (small pretrained MiniLM)", "faster fine-tuning"),
-    Lesson(3, "gpt", "GPT", "How does one causal pass train T predictions, and how do we sample?",
-           "runs fully: toy training, and the real SmolLM2-135M for prediction", "larger training runs"),
-    Lesson(4, "kv-cache", "KV-cache math", "What does generation cost in time and memory, and why page?",
-           "runs fully, SmolLM2-135M decoding included (timings are CPU timings)", "GPU timings"),
-    Lesson(5, "attention-kernels", "Attention kernels", "Why is naive attention slow, and what does a flash kernel do?",
-           "Triton kernel under the interpreter, small sizes", "compiled Triton kernel and real speed-ups"),
-    Lesson(6, "mamba", "Mamba", "How does a selective SSM compress a sequence into a fixed state?",
-           "runs fully at toy scale", "long-sequence timings"),
-    Lesson(7, "moe", "Mixture of Experts", "How do routers spread tokens, and what keeps them balanced?",
-           "runs fully; expert parallelism across CPU processes (gloo)", "NCCL expert parallelism"),
-    Lesson(8, "architectures-compared", "Architectures compared", "Which architecture for which job, measured?",
-           "runs fully at toy scale", "larger runs"),
+    Lesson(
+        1, "masking-equation", "One equation, one mask", "What separates BERT from GPT?", "runs fully", "nothing needed"
+    ),
+    Lesson(
+        2,
+        "bert",
+        "BERT",
+        "What does a bidirectional encoder learn, and is ours the real thing?",
+        "runs fully (small pretrained MiniLM)",
+        "faster fine-tuning",
+    ),
+    Lesson(
+        3,
+        "gpt",
+        "GPT",
+        "How does one causal pass train T predictions, and how do we sample?",
+        "runs fully: toy training, and the real SmolLM2-135M for prediction",
+        "larger training runs",
+    ),
+    Lesson(
+        4,
+        "kv-cache",
+        "KV-cache math",
+        "What does generation cost in time and memory, and why page?",
+        "runs fully, SmolLM2-135M decoding included (timings are CPU timings)",
+        "GPU timings",
+    ),
+    Lesson(
+        5,
+        "attention-kernels",
+        "Attention kernels",
+        "Why is naive attention slow, and what does a flash kernel do?",
+        "Triton kernel under the interpreter, small sizes",
+        "compiled Triton kernel and real speed-ups",
+    ),
+    Lesson(
+        6,
+        "mamba",
+        "Mamba",
+        "How does a selective SSM compress a sequence into a fixed state?",
+        "runs fully at toy scale",
+        "long-sequence timings",
+    ),
+    Lesson(
+        7,
+        "moe",
+        "Mixture of Experts",
+        "How do routers spread tokens, and what keeps them balanced?",
+        "runs fully; expert parallelism across CPU processes (gloo)",
+        "NCCL expert parallelism",
+    ),
+    Lesson(
+        8,
+        "architectures-compared",
+        "Architectures compared",
+        "Which architecture for which job, measured?",
+        "runs fully at toy scale",
+        "larger runs",
+    ),
 )
 
 
@@ -91,9 +143,13 @@ def class_needs(n_students: int, root: Path | None = None) -> dict:
     if not peaks:
         raise ValueError("no lesson has a recorded peak memory: run `make notebooks` first")
     per_student = 256 * math.ceil(max(peaks) * HEADROOM / 256)
-    return {"per_student_mib": per_student, "total_gib": n_students * per_student / 1024,
-            "cores": 2 * n_students, "largest_peak_mib": max(peaks),
-            "slowest_seconds": max(r["seconds"] for r in runs.values())}
+    return {
+        "per_student_mib": per_student,
+        "total_gib": n_students * per_student / 1024,
+        "cores": 2 * n_students,
+        "largest_peak_mib": max(peaks),
+        "slowest_seconds": max(r["seconds"] for r in runs.values()),
+    }
 
 
 def sizing_markdown(n_students: int = 30, root: Path | None = None) -> str:
@@ -117,7 +173,8 @@ def sizing_markdown(n_students: int = 30, root: Path | None = None) -> str:
         f"student (the largest peak, {need['largest_peak_mib']:,} MiB, plus 25%), "
         f"{need['total_gib']:.1f} GiB in all, and {need['cores']} cores for every lesson to "
         f"keep these times (2 per student). JupyterLab's own server process comes on top of "
-        f"each student's kernel.")
+        f"each student's kernel."
+    )
 
 
 def study_minutes(lesson: Lesson, root: Path | None = None) -> int:
@@ -144,19 +201,27 @@ def lessons_markdown(root: Path | None = None) -> str:
     its question, its recorded compute time on 2 cores, its study time (`study_minutes`) and the
     build track's stated minutes (`build_minutes`)."""
     runs = measured(root)
-    rows = ["| # | lesson | exercises | build it yourself | the question | compute on 2 cores | study time |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| # | lesson | exercises | build it yourself | the question | compute on 2 cores | study time |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for lesson in LESSONS:
         run = runs.get(lesson.stem)
         compute = f"{run['seconds']:.0f} s" if run else "not measured"
         track = lesson.build_track(root)
-        build = ("not yet" if track is None else
-                 f"[{track.stem[3:].removeprefix('build-').replace('-', ' ')}](lessons/build/{track.stem}.ipynb), "
-                 f"{_duration(build_minutes(lesson, root))}")
-        rows.append(f"| {lesson.number:02d} | [{lesson.title}](lessons/{lesson.stem}.ipynb) | "
-                    f"[exercises](lessons/exercises/{lesson.stem}.ipynb) | {build} | {lesson.question} | {compute} | "
-                    f"{_duration(study_minutes(lesson, root))} |")
+        build = (
+            "not yet"
+            if track is None
+            else f"[{track.stem[3:].removeprefix('build-').replace('-', ' ')}](lessons/build/{track.stem}.ipynb), "
+            f"{_duration(build_minutes(lesson, root))}"
+        )
+        rows.append(
+            f"| {lesson.number:02d} | [{lesson.title}](lessons/{lesson.stem}.ipynb) | "
+            f"[exercises](lessons/exercises/{lesson.stem}.ipynb) | {build} | {lesson.question} | {compute} | "
+            f"{_duration(study_minutes(lesson, root))} |"
+        )
     return "\n".join(rows) + (
         f"\n\nStudy time: every word of the lesson read at {READING_WPM} words a minute, plus the minutes its "
         f"exercises state; a build track's time is what its steps state, on top (generated from the lessons by "
-        f"`tools/execute_lessons.py`, with their compute time).")
+        f"`tools/execute_lessons.py`, with their compute time)."
+    )

@@ -43,7 +43,7 @@ def _sci(x: float) -> str:
 
 
 def below(value: float, bound: float, *, margin: float = 3.0) -> str:
-    """"below {bound}" for a non-negative error `value` that is at most bound / margin.
+    """ "below {bound}" for a non-negative error `value` that is at most bound / margin.
 
     Raises ValueError when the value is not comfortably inside its bound: either the computation
     is wrong (the error is too large) or the bound is too tight to print on every machine.
@@ -56,9 +56,11 @@ def below(value: float, bound: float, *, margin: float = 3.0) -> str:
     if value < 0:
         raise ValueError(f"below(): value is an error or a gap and must be >= 0, got {value!r}")
     if not value * margin <= bound:
-        raise ValueError(f"below(): {value:.2e} is not below {_sci(bound)} with a margin of {margin:g}x "
-                         f"(it must be at most {bound / margin:.2e}); a bound this close could read differently "
-                         "on another CPU: loosen it, or find why the error is this large")
+        raise ValueError(
+            f"below(): {value:.2e} is not below {_sci(bound)} with a margin of {margin:g}x "
+            f"(it must be at most {bound / margin:.2e}); a bound this close could read differently "
+            "on another CPU: loosen it, or find why the error is this large"
+        )
     return f"below {_sci(bound)}"
 
 
@@ -75,7 +77,7 @@ def significant(x: float, digits: int = 3) -> float:
 
 
 def mean_spread(values: Iterable[float], *, percent: bool = True, digits: int = 0) -> str:
-    """"mean ± spread" of a few runs (spread: the sample standard deviation, 0 for one run).
+    """ "mean ± spread" of a few runs (spread: the sample standard deviation, 0 for one run).
 
     With percent=True the values are fractions shown as percentages ("62% ± 9%"). Print the mean
     to no more digits than the spread supports: with a spread of several points, whole percents.

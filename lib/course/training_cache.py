@@ -53,8 +53,16 @@ MODES = ("replay", "record")
 # Variables that change which kernels torch, MKL and oneDNN run, hence the last bits of a result.
 # ONEMASK_CPU_KERNEL and CC decide whether the Mamba layers train through the fused C loops or the
 # PyTorch fallbacks (lib.kernels.scan_cpu), which round differently
-_NUMERICS_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
-                 "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEMASK_CPU_KERNEL", "CC")
+_NUMERICS_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_CBWR",
+    "ONEDNN_MAX_CPU_ISA",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "ONEMASK_CPU_KERNEL",
+    "CC",
+)
 _LIB = Path(__file__).resolve().parents[1]
 
 
@@ -84,10 +92,18 @@ def _lib_digest() -> str:
 
 
 def _environment() -> tuple:
-    return (torch.__version__, platform.machine(), cpu_name(), torch.backends.cpu.get_cpu_capability(),
-            torch.get_num_threads(), str(torch.get_default_dtype()), torch.is_grad_enabled(),
-            torch.are_deterministic_algorithms_enabled(),
-            tuple((k, os.environ.get(k)) for k in _NUMERICS_ENV), _lib_digest())
+    return (
+        torch.__version__,
+        platform.machine(),
+        cpu_name(),
+        torch.backends.cpu.get_cpu_capability(),
+        torch.get_num_threads(),
+        str(torch.get_default_dtype()),
+        torch.is_grad_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        tuple((k, os.environ.get(k)) for k in _NUMERICS_ENV),
+        _lib_digest(),
+    )
 
 
 class _Hasher:
@@ -172,8 +188,18 @@ class _Hasher:
         # torch's classes are covered by torch's version, lib's by lib's source digest; any other
         # class (one defined in a notebook, say) by the code of its methods.
         for base in cls.__mro__:
-            if base.__module__.split(".")[0] in ("torch", "lib", "builtins", "typing", "abc", "collections",
-                                                          "numpy", "dataclasses", "enum", "functools"):
+            if base.__module__.split(".")[0] in (
+                "torch",
+                "lib",
+                "builtins",
+                "typing",
+                "abc",
+                "collections",
+                "numpy",
+                "dataclasses",
+                "enum",
+                "functools",
+            ):
                 continue
             for name, value in sorted(vars(base).items()):
                 if isinstance(value, (staticmethod, classmethod)):
@@ -231,15 +257,22 @@ def _snapshot(model: torch.nn.Module, before: dict[str, dict[str, object]]) -> d
     reassigned = {}
     for name, m in model.named_modules():
         old = before.get(name, {})
-        changed = {k: v for k, v in vars(m).items()
-                   if not k.startswith("_") and k != "training" and (k not in old or old[k] is not v)
-                   and not isinstance(v, torch.nn.Parameter)}
+        changed = {
+            k: v
+            for k, v in vars(m).items()
+            if not k.startswith("_")
+            and k != "training"
+            and (k not in old or old[k] is not v)
+            and not isinstance(v, torch.nn.Parameter)
+        }
         if changed:
             reassigned[name] = changed
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
-            "grads": _grads(model),
-            "modes": {name: m.training for name, m in model.named_modules()},
-            "reassigned": reassigned}
+    return {
+        "state": {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
+        "grads": _grads(model),
+        "modes": {name: m.training for name, m in model.named_modules()},
+        "reassigned": reassigned,
+    }
 
 
 def _usable_entry(path: Path, model: torch.nn.Module | None, on_step) -> dict | None:
@@ -254,7 +287,10 @@ def _usable_entry(path: Path, model: torch.nn.Module | None, on_step) -> dict | 
             return None
         if model is not None:
             snap, state = entry["model"], model.state_dict()
-            if list(snap["modes"]) != [name for name, _ in model.named_modules()] or snap["state"].keys() != state.keys():
+            if (
+                list(snap["modes"]) != [name for name, _ in model.named_modules()]
+                or snap["state"].keys() != state.keys()
+            ):
                 return None
             if any(snap["state"][k].shape != v.shape or snap["state"][k].dtype != v.dtype for k, v in state.items()):
                 return None
@@ -360,15 +396,18 @@ def play(fn, args: tuple, kwargs: dict, seeds_global_rng: bool = False):
     result = fn(*bound.args, **bound.kwargs)
     if not only_losses[0]:
         return result
-    entry = {"steps": steps, "rng": torch.random.get_rng_state(), "result": result,
-             "returned_grads": [_grads(m) for m in _modules_in(result)],
-             "model": _snapshot(model, before) if model is not None else None}
+    entry = {
+        "steps": steps,
+        "rng": torch.random.get_rng_state(),
+        "result": result,
+        "returned_grads": [_grads(m) for m in _modules_in(result)],
+        "model": _snapshot(model, before) if model is not None else None,
+    }
     try:
         _write(path, entry)
     except Exception:  # a full disk or an object pickle refuses: the run stands, uncached
         pass
     return result
-
 
 
 def install() -> None:

@@ -31,8 +31,19 @@ from typing import Callable
 
 import torch
 
-__all__ = ["BASE_FLAGS", "Build", "OPENMP_FLAGS", "VECTOR_EXP_FLAGS", "build", "compile", "compiler",
-           "compiler_version", "load", "torch_uses_gomp", "wants_vector_exp"]
+__all__ = [
+    "BASE_FLAGS",
+    "Build",
+    "OPENMP_FLAGS",
+    "VECTOR_EXP_FLAGS",
+    "build",
+    "compile",
+    "compiler",
+    "compiler_version",
+    "load",
+    "torch_uses_gomp",
+    "wants_vector_exp",
+]
 
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
 VECTOR_EXP_FLAGS = ("-mavx2", "-mfma", "-DONEMASK_LIBMVEC")  # gcc, x86-64 Linux, an AVX2 CPU: glibc's vector exp
@@ -64,8 +75,9 @@ def wants_vector_exp(version: str) -> bool:
     (gcc installed as `cc` names itself "cc" but keeps the FSF's copyright line.)"""
     text = version.lower()
     is_gcc = ("gcc" in text or "free software foundation" in text) and "clang" not in text
-    return (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and is_gcc
-            and cpu_has_avx2_fma())
+    return (
+        sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and is_gcc and cpu_has_avx2_fma()
+    )
 
 
 def cpu_has_avx2_fma() -> bool:
@@ -101,15 +113,27 @@ def compile(source_file: Path, cc: str, version: str, flags: tuple[str, ...]) ->
     (atomically). The cache key covers the source, the compiler and its version, the flags and
     the platform."""
     source = source_file.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, cc.encode(), version.encode(), " ".join(flags).encode(),
-                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source,
+                cc.encode(),
+                version.encode(),
+                " ".join(flags).encode(),
+                platform.machine().encode(),
+                sys.platform.encode(),
+            ]
+        )
+    ).hexdigest()[:16]
     target = cache_dir() / f"{source_file.stem}-{key}.so"
     if target.exists():
         return target
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        out = subprocess.run([cc, *flags, str(source_file), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [cc, *flags, str(source_file), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120
+        )
         if out.returncode != 0:
             raise RuntimeError(f"{Path(cc).name} failed: {(out.stderr or out.stdout).strip()[-400:]}")
         os.replace(tmp, target)  # atomic: a concurrent build writes the same bytes
@@ -156,8 +180,14 @@ class Build:
         return "-DONEMASK_LIBMVEC" in self.flags
 
 
-def build(source_file: Path, entry_points: dict, self_check: Callable[[object], str | None], *,
-          switch: str = "ONEMASK_CPU_KERNEL", fallback: str = "") -> Build:
+def build(
+    source_file: Path,
+    entry_points: dict,
+    self_check: Callable[[object], str | None],
+    *,
+    switch: str = "ONEMASK_CPU_KERNEL",
+    fallback: str = "",
+) -> Build:
     """The best library of `source_file` this machine builds: flags tried best first, each kept
     only if `self_check(library)` returns None (else its complaint). The environment variable
     `switch`=0 turns the build off. `fallback` ("; ... is used instead") ends an unavailable status."""
@@ -165,12 +195,17 @@ def build(source_file: Path, entry_points: dict, self_check: Callable[[object], 
         return Build(None, (), f"unavailable: switched off ({switch}=0)")
     cc = compiler()
     if cc is None:
-        why = ("no C compiler found (set CC, or install gcc or clang)" if os.environ.get("CC") is None
-               else f"CC={os.environ['CC']!r} is not an executable")
+        why = (
+            "no C compiler found (set CC, or install gcc or clang)"
+            if os.environ.get("CC") is None
+            else f"CC={os.environ['CC']!r} is not an executable"
+        )
         return Build(None, (), f"unavailable: {why}{fallback}")
     version = compiler_version(cc)
     vector_options = [VECTOR_EXP_FLAGS, ()] if wants_vector_exp(version) else [()]
-    attempts = [BASE_FLAGS + v + o for v in vector_options for o in ((OPENMP_FLAGS, ()) if torch_uses_gomp() else ((),))]
+    attempts = [
+        BASE_FLAGS + v + o for v in vector_options for o in ((OPENMP_FLAGS, ()) if torch_uses_gomp() else ((),))
+    ]
     problems = []
     for flags in attempts:
         try:

@@ -82,9 +82,26 @@ if triton is not None:
     LOG2E_C = tl.constexpr(LOG2E)  # a global a kernel may read must be a constexpr
 
     @triton.jit
-    def _fwd_tile(acc, l_i, m_i, q, K_head, V_head, stride_kt, stride_vt, start_n, offs_m, offs_n, offs_d, T,
-                  qk_scale, HEAD_DIM: tl.constexpr, MASK_TILE: tl.constexpr, CAUSAL: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
+    def _fwd_tile(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K_head,
+        V_head,
+        stride_kt,
+        stride_vt,
+        start_n,
+        offs_m,
+        offs_n,
+        offs_d,
+        T,
+        qk_scale,
+        HEAD_DIM: tl.constexpr,
+        MASK_TILE: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
         """One online-softmax step: fold key block [start_n, start_n + BLOCK_N) into (acc, l, m)."""
         cols = start_n + offs_n  # (BLOCK_N,) key positions
         kv_mask = (cols[:, None] < T) & (offs_d[None, :] < HEAD_DIM)
@@ -105,11 +122,30 @@ if triton is not None:
         return acc, l_i, m_new
 
     @triton.jit
-    def _flash_fwd_kernel(Q, K, V, O, LSE, VISITS,
-                          stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt, stride_oh, stride_ot,
-                          T, qk_scale,
-                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_VISITS: tl.constexpr):
+    def _flash_fwd_kernel(
+        Q,
+        K,
+        V,
+        O,
+        LSE,
+        VISITS,
+        stride_qh,
+        stride_qt,
+        stride_kh,
+        stride_kt,
+        stride_vh,
+        stride_vt,
+        stride_oh,
+        stride_ot,
+        T,
+        qk_scale,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        COUNT_VISITS: tl.constexpr,
+    ):
         """Grid (cdiv(T, BLOCK_M), B*H). qk_scale = sm_scale * log2(e). LSE (B*H, T) float32 (natural log)."""
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1).to(tl.int64)  # B*H*T*D can pass 2**31 on a GPU
@@ -134,13 +170,49 @@ if triton is not None:
             n_end = tl.cdiv(T, BLOCK_N)
         visits = 0
         for start_n in range(0, n_full * BLOCK_N, BLOCK_N):
-            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K_head, V_head, stride_kt, stride_vt, start_n, offs_m,
-                                      offs_n, offs_d, T, qk_scale, HEAD_DIM, False, CAUSAL, DOT_PRECISION)
+            acc, l_i, m_i = _fwd_tile(
+                acc,
+                l_i,
+                m_i,
+                q,
+                K_head,
+                V_head,
+                stride_kt,
+                stride_vt,
+                start_n,
+                offs_m,
+                offs_n,
+                offs_d,
+                T,
+                qk_scale,
+                HEAD_DIM,
+                False,
+                CAUSAL,
+                DOT_PRECISION,
+            )
             if COUNT_VISITS:
                 visits += 1
         for start_n in range(n_full * BLOCK_N, n_end * BLOCK_N, BLOCK_N):
-            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K_head, V_head, stride_kt, stride_vt, start_n, offs_m,
-                                      offs_n, offs_d, T, qk_scale, HEAD_DIM, True, CAUSAL, DOT_PRECISION)
+            acc, l_i, m_i = _fwd_tile(
+                acc,
+                l_i,
+                m_i,
+                q,
+                K_head,
+                V_head,
+                stride_kt,
+                stride_vt,
+                start_n,
+                offs_m,
+                offs_n,
+                offs_d,
+                T,
+                qk_scale,
+                HEAD_DIM,
+                True,
+                CAUSAL,
+                DOT_PRECISION,
+            )
             if COUNT_VISITS:
                 visits += 1
 
@@ -149,15 +221,19 @@ if triton is not None:
         m_fin = tl.where(m_i == float("-inf"), 0.0, m_i)
         out = acc / l_safe[:, None]
         lse = tl.where(empty, float("inf"), (m_fin + tl.log2(l_safe)) / LOG2E_C)
-        tl.store(O + pid_bh * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
-                 out.to(O.dtype.element_ty), mask=row_mask)
+        tl.store(
+            O + pid_bh * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
+            out.to(O.dtype.element_ty),
+            mask=row_mask,
+        )
         tl.store(LSE + pid_bh * T + offs_m, lse, mask=offs_m < T)
         if COUNT_VISITS:
             tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
 
     @triton.jit
-    def _flash_bwd_preprocess(O, DO, DELTA, stride_oh, stride_ot, stride_doh, stride_dot, T,
-                              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    def _flash_bwd_preprocess(
+        O, DO, DELTA, stride_oh, stride_ot, stride_doh, stride_dot, T, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
+    ):
         """delta[i] = sum_d dO[i, d] * O[i, d] = sum_j P[i, j] dP[i, j]; grid (cdiv(T, BLOCK_M), B*H)."""
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1).to(tl.int64)
@@ -170,8 +246,9 @@ if triton is not None:
         tl.store(DELTA + pid_bh * T + offs_m, delta, mask=offs_m < T)
 
     @triton.jit
-    def _bwd_tile(q, k, v, do, lse, delta, offs_m, offs_n, row_ok, T, qk_scale,
-                  CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    def _bwd_tile(
+        q, k, v, do, lse, delta, offs_m, offs_n, row_ok, T, qk_scale, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr
+    ):
         """One tile of the backward, shared by both backward kernels: P recomputed from q, k and the
         saved log-sum-exp (not stored by the forward), and dS = P ∘ (dP − delta), dP = dO Vᵀ."""
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
@@ -183,12 +260,36 @@ if triton is not None:
         return p, p * (dp - delta[:, None])  # the softmax backward
 
     @triton.jit
-    def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
-                               stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
-                               stride_doh, stride_dot, stride_dkh, stride_dkt, stride_dvh, stride_dvt,
-                               T, sm_scale, qk_scale,
-                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    def _flash_bwd_dkdv_kernel(
+        Q,
+        K,
+        V,
+        DO,
+        LSE,
+        DELTA,
+        DK,
+        DV,
+        stride_qh,
+        stride_qt,
+        stride_kh,
+        stride_kt,
+        stride_vh,
+        stride_vt,
+        stride_doh,
+        stride_dot,
+        stride_dkh,
+        stride_dkt,
+        stride_dvh,
+        stride_dvt,
+        T,
+        sm_scale,
+        qk_scale,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
         """Grid (cdiv(T, BLOCK_N), B*H): dV = Pᵀ dO and dK = dSᵀ Q · scale for one key block."""
         pid_n = tl.program_id(0)
         pid_bh = tl.program_id(1).to(tl.int64)
@@ -211,26 +312,54 @@ if triton is not None:
             row_ok = offs_m < T
             q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
             q = tl.load(Q + pid_bh * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :], mask=q_mask, other=0.0)
-            do = tl.load(DO + pid_bh * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
-                         mask=q_mask, other=0.0)
+            do = tl.load(
+                DO + pid_bh * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :], mask=q_mask, other=0.0
+            )
             lse = tl.load(LSE + pid_bh * T + offs_m, mask=row_ok, other=0.0)
             delta = tl.load(DELTA + pid_bh * T + offs_m, mask=row_ok, other=0.0)
             p, ds = _bwd_tile(q, k, v, do, lse, delta, offs_m, offs_n, row_ok, T, qk_scale, CAUSAL, DOT_PRECISION)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)  # (BLOCK_N, D)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)  # (BLOCK_N, D)
         dk = dk * sm_scale
-        tl.store(DK + pid_bh * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
-                 dk.to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(DV + pid_bh * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
-                 dv.to(DV.dtype.element_ty), mask=kv_mask)
+        tl.store(
+            DK + pid_bh * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
+            dk.to(DK.dtype.element_ty),
+            mask=kv_mask,
+        )
+        tl.store(
+            DV + pid_bh * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
+            dv.to(DV.dtype.element_ty),
+            mask=kv_mask,
+        )
 
     @triton.jit
-    def _flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
-                             stride_qh, stride_qt, stride_kh, stride_kt, stride_vh, stride_vt,
-                             stride_doh, stride_dot, stride_dqh, stride_dqt,
-                             T, sm_scale, qk_scale,
-                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    def _flash_bwd_dq_kernel(
+        Q,
+        K,
+        V,
+        DO,
+        LSE,
+        DELTA,
+        DQ,
+        stride_qh,
+        stride_qt,
+        stride_kh,
+        stride_kt,
+        stride_vh,
+        stride_vt,
+        stride_doh,
+        stride_dot,
+        stride_dqh,
+        stride_dqt,
+        T,
+        sm_scale,
+        qk_scale,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
         """Grid (cdiv(T, BLOCK_M), B*H): dQ = dS K · scale over the key blocks the forward visited."""
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1).to(tl.int64)
@@ -257,8 +386,11 @@ if triton is not None:
             _, ds = _bwd_tile(q, k, v, do, lse, delta, offs_m, offs_n, row_ok, T, qk_scale, CAUSAL, DOT_PRECISION)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # (BLOCK_M, D)
         dq = dq * sm_scale
-        tl.store(DQ + pid_bh * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
-                 dq.to(DQ.dtype.element_ty), mask=q_mask)
+        tl.store(
+            DQ + pid_bh * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
+            dq.to(DQ.dtype.element_ty),
+            mask=q_mask,
+        )
 
 
 # --------------------------------------------------------------------------- checks
@@ -271,7 +403,9 @@ def default_block_sizes(D: int) -> tuple[int, int]:
 
 def _check_block(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value not in (16, 32, 64, 128):
-        raise ValueError(f"{name} must be one of 16, 32, 64, 128 (tl.dot needs >= 16, tiles a power of 2), got {value!r}")
+        raise ValueError(
+            f"{name} must be one of 16, 32, 64, 128 (tl.dot needs >= 16, tiles a power of 2), got {value!r}"
+        )
     return value
 
 
@@ -280,9 +414,11 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
         require_tensor(name, x, floating=True)
         require_rank(name, x, 4, "(B, H, T, D)")
     if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"flash_attention needs q, k, v of one shape (B, H, T, D): self-attention only, no "
-                         f"grouped-query heads (H_kv != H) or T != S; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)}")
+        raise ValueError(
+            f"flash_attention needs q, k, v of one shape (B, H, T, D): self-attention only, no "
+            f"grouped-query heads (H_kv != H) or T != S; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype, got q: {q.dtype}, k: {k.dtype}, v: {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -302,8 +438,10 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
 
     mode = runtime.require_kernel_device(q.device, "flash_attention", "lib.attention.attention(..., backend='sdpa')")
     if mode == "interpreter" and q.dtype == torch.bfloat16:
-        raise ValueError("bfloat16 is refused under the Triton interpreter: its bf16 tl.dot gives silently "
-                         "wrong results (errors ~1e10). Use float32 or float16 on the CPU, bfloat16 on a GPU")
+        raise ValueError(
+            "bfloat16 is refused under the Triton interpreter: its bf16 tl.dot gives silently "
+            "wrong results (errors ~1e10). Use float32 or float16 on the CPU, bfloat16 on a GPU"
+        )
     return float(sm_scale)
 
 
@@ -328,10 +466,27 @@ def _flash_forward(q, k, v, causal: bool, sm_scale: float, block_m: int, block_n
     visits = torch.zeros(B * H, n_m if count_visits else 1, dtype=torch.int32, device=q.device)
     grid = (n_m, B * H)
     _flash_fwd_kernel[grid](
-        q3, k3, v3, o3, lse, visits,
-        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), o3.stride(0), o3.stride(1),
-        T, sm_scale * LOG2E,
-        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, COUNT_VISITS=count_visits,
+        q3,
+        k3,
+        v3,
+        o3,
+        lse,
+        visits,
+        q3.stride(0),
+        q3.stride(1),
+        k3.stride(0),
+        k3.stride(1),
+        v3.stride(0),
+        v3.stride(1),
+        o3.stride(0),
+        o3.stride(1),
+        T,
+        sm_scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        CAUSAL=causal,
+        COUNT_VISITS=count_visits,
         **_launch_opts(D, q.dtype),
     )
     return (o, lse, visits) if count_visits else (o, lse)
@@ -348,22 +503,76 @@ def _flash_backward(do, q, k, v, o, lse, causal: bool, sm_scale: float, block_m:
     precision = opts.pop("DOT_PRECISION")
 
     _flash_bwd_preprocess[(cdiv(T, block_m), B * H)](
-        o3, do3, delta, o3.stride(0), o3.stride(1), do3.stride(0), do3.stride(1), T,
-        HEAD_DIM=D, BLOCK_M=block_m, **opts,
+        o3,
+        do3,
+        delta,
+        o3.stride(0),
+        o3.stride(1),
+        do3.stride(0),
+        do3.stride(1),
+        T,
+        HEAD_DIM=D,
+        BLOCK_M=block_m,
+        **opts,
     )
     _flash_bwd_dkdv_kernel[(cdiv(T, block_n), B * H)](
-        q3, k3, v3, do3, lse, delta, dk3, dv3,
-        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-        do3.stride(0), do3.stride(1), dk3.stride(0), dk3.stride(1), dv3.stride(0), dv3.stride(1),
-        T, sm_scale, sm_scale * LOG2E,
-        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, DOT_PRECISION=precision, **opts,
+        q3,
+        k3,
+        v3,
+        do3,
+        lse,
+        delta,
+        dk3,
+        dv3,
+        q3.stride(0),
+        q3.stride(1),
+        k3.stride(0),
+        k3.stride(1),
+        v3.stride(0),
+        v3.stride(1),
+        do3.stride(0),
+        do3.stride(1),
+        dk3.stride(0),
+        dk3.stride(1),
+        dv3.stride(0),
+        dv3.stride(1),
+        T,
+        sm_scale,
+        sm_scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        CAUSAL=causal,
+        DOT_PRECISION=precision,
+        **opts,
     )
     _flash_bwd_dq_kernel[(cdiv(T, block_m), B * H)](
-        q3, k3, v3, do3, lse, delta, dq3,
-        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-        do3.stride(0), do3.stride(1), dq3.stride(0), dq3.stride(1),
-        T, sm_scale, sm_scale * LOG2E,
-        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, DOT_PRECISION=precision, **opts,
+        q3,
+        k3,
+        v3,
+        do3,
+        lse,
+        delta,
+        dq3,
+        q3.stride(0),
+        q3.stride(1),
+        k3.stride(0),
+        k3.stride(1),
+        v3.stride(0),
+        v3.stride(1),
+        do3.stride(0),
+        do3.stride(1),
+        dq3.stride(0),
+        dq3.stride(1),
+        T,
+        sm_scale,
+        sm_scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        CAUSAL=causal,
+        DOT_PRECISION=precision,
+        **opts,
     )
     return dq, dk, dv
 
@@ -379,8 +588,9 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _flash_backward(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale,
-                                     ctx.block_m, ctx.block_n)
+        dq, dk, dv = _flash_backward(
+            do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale, ctx.block_m, ctx.block_n
+        )
         return dq, dk, dv, None, None, None, None
 
 
@@ -394,8 +604,16 @@ def _prepare(q, k, v, causal, sm_scale, block_m, block_n):
     return q, k, v, sm_scale, block_m, block_n
 
 
-def flash_attention(q, k, v, causal: bool = True, sm_scale: float | None = None, *,
-                    block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
+def flash_attention(
+    q,
+    k,
+    v,
+    causal: bool = True,
+    sm_scale: float | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
     """softmax(QKᵀ·sm_scale [+ causal mask])V by the fused Triton kernels, differentiable.
 
     q, k, v (B, H, T, D) of one shape, dtype and device; D in {16, 32, 64, 128}; any T >= 1.
@@ -407,8 +625,7 @@ def flash_attention(q, k, v, causal: bool = True, sm_scale: float | None = None,
     return _FlashAttention.apply(q, k, v, causal, sm_scale, block_m, block_n)
 
 
-def count_visited_tiles(q, k, v, causal: bool = True, *, block_m: int | None = None,
-                        block_n: int | None = None) -> int:
+def count_visited_tiles(q, k, v, causal: bool = True, *, block_m: int | None = None, block_n: int | None = None) -> int:
     """Run the forward kernel with its loop counter on: the tiles it visited, summed over query blocks, for
     one (batch, head) (every head visits the same tiles; checked). Counts what the kernel did, so
     it can be set beside `visited_blocks`, the count predicted from the bounds."""

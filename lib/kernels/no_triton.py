@@ -9,8 +9,10 @@ from __future__ import annotations
 
 __all__ = ["NO_TRITON", "tl", "triton"]
 
-NO_TRITON = ("Triton is not installed on this machine (it publishes wheels for Linux only): this cell needs "
-             "Linux, or WSL2 on Windows; the lesson's other cells run here")
+NO_TRITON = (
+    "Triton is not installed on this machine (it publishes wheels for Linux only): this cell needs "
+    "Linux, or WSL2 on Windows; the lesson's other cells run here"
+)
 
 
 class _Kernel:

@@ -24,8 +24,15 @@ import os
 
 import torch
 
-__all__ = ["LOG2E", "cdiv", "kernel_mode", "load_triton", "require_kernel_device", "use_interpreter_without_gpu",
-           "work_dtype"]
+__all__ = [
+    "LOG2E",
+    "cdiv",
+    "kernel_mode",
+    "load_triton",
+    "require_kernel_device",
+    "use_interpreter_without_gpu",
+    "work_dtype",
+]
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x · LOG2E), and exp2 is the cheaper instruction
 
@@ -94,18 +101,22 @@ def require_kernel_device(device: torch.device, caller: str, fallback: str) -> s
     if triton is None:
         raise RuntimeError(f"{caller} needs the `triton` package (pip install triton); use {fallback} without it")
     if _mixed_modes():
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the interpreter cannot run "
-                           "these kernels. Restart the Python kernel and import lib (or lib.kernels) before "
-                           "importing triton, or start Python with TRITON_INTERPRET=1 in the environment")
+        raise RuntimeError(
+            "triton was imported before TRITON_INTERPRET=1 was set, so the interpreter cannot run "
+            "these kernels. Restart the Python kernel and import lib (or lib.kernels) before "
+            "importing triton, or start Python with TRITON_INTERPRET=1 in the environment"
+        )
     mode = kernel_mode()
     if mode == "interpreter":
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"the Triton interpreter runs on CPU tensors, got device {device}")
     elif device.type != "cuda":
-        raise RuntimeError(f"{caller} got tensors on {device} but the kernels are compiled for CUDA only. "
-                           "To run them on the CPU, set the environment variable TRITON_INTERPRET=1 before "
-                           "importing lib.kernels (e.g. os.environ['TRITON_INTERPRET'] = '1' in the first cell), "
-                           f"or use {fallback}")
+        raise RuntimeError(
+            f"{caller} got tensors on {device} but the kernels are compiled for CUDA only. "
+            "To run them on the CPU, set the environment variable TRITON_INTERPRET=1 before "
+            "importing lib.kernels (e.g. os.environ['TRITON_INTERPRET'] = '1' in the first cell), "
+            f"or use {fallback}"
+        )
     return mode
 
 

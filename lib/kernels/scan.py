@@ -42,9 +42,25 @@ __all__ = ["launch"]
 if triton is not None:
 
     @triton.jit
-    def _selective_scan_fwd_kernel(X, DT, A, Bm, Cm, Dskip, H0, Y, HL, L, n_ch, n_st,
-                                   HAS_D: tl.constexpr, HAS_H0: tl.constexpr, STORE_STATE: tl.constexpr,
-                                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _selective_scan_fwd_kernel(
+        X,
+        DT,
+        A,
+        Bm,
+        Cm,
+        Dskip,
+        H0,
+        Y,
+        HL,
+        L,
+        n_ch,
+        n_st,
+        HAS_D: tl.constexpr,
+        HAS_H0: tl.constexpr,
+        STORE_STATE: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
         """y (and the final state) for one sequence and BLOCK_D channels. Inputs contiguous fp32:
         X, DT, Y (B, L, D); A (D, N); Bm, Cm (B, L, N); Dskip (D,); H0, HL (B, D, N)."""
         pid_b = tl.program_id(0)
@@ -107,7 +123,22 @@ def launch(x, delta, A, B, C, D, h0, return_state: bool):
     block_d, block_n = _block_sizes(d, n)
     grid = (b, triton.cdiv(d, block_d))
     _selective_scan_fwd_kernel[grid](
-        x32, dt32, a32, b32, c32, d32 if d32 is not None else x32, h032 if h032 is not None else x32, y, hl,
-        l, d, n, HAS_D=D is not None, HAS_H0=h0 is not None, STORE_STATE=return_state,
-        BLOCK_D=block_d, BLOCK_N=block_n)
+        x32,
+        dt32,
+        a32,
+        b32,
+        c32,
+        d32 if d32 is not None else x32,
+        h032 if h032 is not None else x32,
+        y,
+        hl,
+        l,
+        d,
+        n,
+        HAS_D=D is not None,
+        HAS_H0=h0 is not None,
+        STORE_STATE=return_state,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+    )
     return y, (hl if return_state else None)

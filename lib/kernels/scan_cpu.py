@@ -82,8 +82,14 @@ _pool: ThreadPoolExecutor | None = None
 # The C entry points: name -> (how many pointers, the sizes' C types). Each has a range form
 # `name(pointers, sizes, begin, end)` and, built with OpenMP, `name_omp(pointers, sizes, total, threads)`.
 _I64, _F64 = ctypes.c_int64, ctypes.c_double
-ENTRY_POINTS = {"scan": (13, (_I64,) * 5), "scan_bwd": (20, (_I64,) * 6), "conv": (6, (_I64,) * 4),
-                "conv_bwd": (9, (_I64,) * 3), "rms": (4, (_F64, _I64)), "rms_bwd": (6, (_I64,) * 2)}
+ENTRY_POINTS = {
+    "scan": (13, (_I64,) * 5),
+    "scan_bwd": (20, (_I64,) * 6),
+    "conv": (6, (_I64,) * 4),
+    "conv_bwd": (9, (_I64,) * 3),
+    "rms": (4, (_F64, _I64)),
+    "rms_bwd": (6, (_I64,) * 2),
+}
 
 
 def _self_check(library) -> str | None:
@@ -105,14 +111,21 @@ def _self_check(library) -> str | None:
                 for t in range(l):
                     v = dt[bi, t, di].item() + bias[di].item()
                     delta = v if v > 20 else math.log1p(math.exp(v))
-                    h = [math.exp(delta * A[di, k].item()) * h[k] + delta * x[bi, t, di].item() * B[bi, t, k].item()
-                         for k in range(n)]
+                    h = [
+                        math.exp(delta * A[di, k].item()) * h[k] + delta * x[bi, t, di].item() * B[bi, t, k].item()
+                        for k in range(n)
+                    ]
                     zv = z[bi, t, di].item()
-                    want = (sum(C[bi, t, k].item() * h[k] for k in range(n)) + D[di].item() * x[bi, t, di].item()) \
-                        * zv / (1 + math.exp(-zv))
+                    want = (
+                        (sum(C[bi, t, k].item() * h[k] for k in range(n)) + D[di].item() * x[bi, t, di].item())
+                        * zv
+                        / (1 + math.exp(-zv))
+                    )
                     if not abs(got[bi, t, di].item() - want) <= 1e-5 * (1 + abs(want)):
-                        return (f"self-check failed ({dtype}): y[{bi}, {t}, {di}] = {got[bi, t, di].item()!r}, "
-                                f"the recurrence gives {want!r}")
+                        return (
+                            f"self-check failed ({dtype}): y[{bi}, {t}, {di}] = {got[bi, t, di].item()!r}, "
+                            f"the recurrence gives {want!r}"
+                        )
     return None
 
 
@@ -120,8 +133,9 @@ def _ensure_built():
     global _library, _status, _built_flags
     with _lock:
         if _status is None:
-            built = c_build.build(SOURCE, ENTRY_POINTS, _self_check,
-                                  fallback="; the chunked PyTorch scan is used instead")
+            built = c_build.build(
+                SOURCE, ENTRY_POINTS, _self_check, fallback="; the chunked PyTorch scan is used instead"
+            )
             _library, _status, _built_flags = built.library, built.status, built.flags
     return _library
 
@@ -200,8 +214,23 @@ def _checkpoint_every(L: int) -> int:
     return min(L, CHECKPOINT_EVERY)
 
 
-def _run(library, x, dt, A, B, C, D, bias, z, softplus: bool, h0, return_state: bool, threads: int,
-         checkpoints: int | None = None, keep_pre_gate: bool = False):
+def _run(
+    library,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    bias,
+    z,
+    softplus: bool,
+    h0,
+    return_state: bool,
+    threads: int,
+    checkpoints: int | None = None,
+    keep_pre_gate: bool = False,
+):
     """out (B, L, D) = (scan + D ⊙ x) ⊙ silu(z) with Δ = softplus(dt + bias) (or dt + bias), the
     final state (B, D, N) or None, with `checkpoints` = K the states entering positions 0, K, 2K, ...
     (B, D, ceil(L/K), N), and with `keep_pre_gate` y before the gate (B, L, D), all in x's dtype
@@ -218,8 +247,14 @@ def _run(library, x, dt, A, B, C, D, bias, z, softplus: bool, h0, return_state: 
     k = checkpoints or l
     hc = torch.empty(b, d, -(-l // k), n, dtype=x.dtype) if checkpoints else None
     rows = b * d
-    _call(library, f"onemask_scan_{_suffix(x)}", _pointers(x, dt, A, B, C, h0, D, bias, z, y, ypre, hl, hc),
-          (int(softplus), k, l, d, n), rows, _threads_for(threads, rows, rows * l * n))
+    _call(
+        library,
+        f"onemask_scan_{_suffix(x)}",
+        _pointers(x, dt, A, B, C, h0, D, bias, z, y, ypre, hl, hc),
+        (int(softplus), k, l, d, n),
+        rows,
+        _threads_for(threads, rows, rows * l * n),
+    )
     return y, hl, hc, ypre
 
 
@@ -240,8 +275,14 @@ def _run_backward(library, x, dt, A, B, C, D, bias, z, ypre, softplus: bool, hc,
     gDp = torch.empty(b, d, dtype=x.dtype)
     units = b * nblk
     pointers = _pointers(x, dt, A, B, C, D, bias, z, ypre, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gDp, gz, gh0)
-    _call(library, f"onemask_scan_bwd_{_suffix(x)}", pointers, (int(softplus), k, BACKWARD_BLOCK, l, d, n), units,
-          _threads_for(threads, units, 3 * b * d * l * n))
+    _call(
+        library,
+        f"onemask_scan_bwd_{_suffix(x)}",
+        pointers,
+        (int(softplus), k, BACKWARD_BLOCK, l, d, n),
+        units,
+        _threads_for(threads, units, 3 * b * d * l * n),
+    )
     return gx, gdt, gAp.sum(0), gBp.sum(1), gCp.sum(1), gDp.sum(0), gz, gh0
 
 
@@ -268,14 +309,28 @@ class _CpuScan(torch.autograd.Function):
         x, dt, A, B, C, D, bias, z, ypre, hc = ctx.saved_tensors
         if gy is None:
             gy = torch.zeros_like(x)
-        gx, gdt, gA, gB, gC, gD, gz, gh0 = _run_backward(_library, x, dt, A, B, C, D, bias, z, ypre, ctx.softplus,
-                                                          hc, ctx.every, gy, ghl, ctx.threads)
+        gx, gdt, gA, gB, gC, gD, gz, gh0 = _run_backward(
+            _library, x, dt, A, B, C, D, bias, z, ypre, ctx.softplus, hc, ctx.every, gy, ghl, ctx.threads
+        )
         grads = (gx, gdt, gA, gB, gC, gD, gdt.sum((0, 1)) if ctx.needs_input_grad[6] else None, gz, gh0)
         return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:9])), None, None)
 
 
-def scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = None, *, z=None, delta_bias=None,
-         delta_softplus: bool = False):
+def scan(
+    x,
+    delta,
+    A,
+    B,
+    C,
+    D,
+    h0,
+    return_state: bool,
+    threads: int | None = None,
+    *,
+    z=None,
+    delta_bias=None,
+    delta_softplus: bool = False,
+):
     """The raw launcher of the fused scan, on checked CPU inputs (the shapes of
     `lib.scan.selective_scan_ref`): y in x's dtype (and the final state). The front door, with the
     checks, is `lib.scan.selective_scan_cpu`."""
@@ -286,17 +341,25 @@ def scan(x, delta, A, B, C, D, h0, return_state: bool, threads: int | None = Non
     d = x.shape[-1]
     # casts autograd sees through; an absent skip or bias is a zero vector to the loop
     D_, bias_ = (x.new_zeros(d, dtype=wt) if t is None else t.to(wt) for t in (D, delta_bias))
-    y, hl = _CpuScan.apply(*(t.to(wt) for t in (x, delta, A, B, C)), D_, bias_, None if z is None else z.to(wt),
-                           None if h0 is None else h0.to(wt), delta_softplus,
-                           torch.get_num_threads() if threads is None else threads)
+    y, hl = _CpuScan.apply(
+        *(t.to(wt) for t in (x, delta, A, B, C)),
+        D_,
+        bias_,
+        None if z is None else z.to(wt),
+        None if h0 is None else h0.to(wt),
+        delta_softplus,
+        torch.get_num_threads() if threads is None else threads,
+    )
     y = y.to(x.dtype)
     return (y, hl) if return_state else y
 
 
 def _require_cpu(device: torch.device) -> None:
     if device.type != "cpu":
-        raise ValueError(f"selective_scan_cpu runs on CPU tensors, got device {device}; on a GPU use "
-                         "lib.scan.selective_scan_triton or lib.scan.selective_scan")
+        raise ValueError(
+            f"selective_scan_cpu runs on CPU tensors, got device {device}; on a GPU use "
+            "lib.scan.selective_scan_triton or lib.scan.selective_scan"
+        )
 
 
 # --------------------------------------------------------------------------- the mixer's convolution
@@ -311,8 +374,14 @@ class _CpuConv(torch.autograd.Function):
         k = wt.shape[0]
         y = torch.empty_like(x)
         pre = torch.empty_like(x) if silu and any(ctx.needs_input_grad[:4]) else None  # for silu' in the backward
-        _call(_library, f"onemask_conv_{_suffix(x)}", _pointers(x, state, wt, bias, y, pre), (int(silu), t, e, k), b,
-              _threads_for(threads, b, b * t * e * k))
+        _call(
+            _library,
+            f"onemask_conv_{_suffix(x)}",
+            _pointers(x, state, wt, bias, y, pre),
+            (int(silu), t, e, k),
+            b,
+            _threads_for(threads, b, b * t * e * k),
+        )
         ctx.save_for_backward(x, wt, state, pre)
         ctx.threads, ctx.has_bias = threads, bias is not None
         return y
@@ -327,11 +396,23 @@ class _CpuConv(torch.autograd.Function):
         gstate = None if state is None else torch.zeros_like(state)
         gwp, gbp = torch.empty(b, k, e, dtype=x.dtype), torch.empty(b, e, dtype=x.dtype)
         pointers = _pointers(x, state, wt, pre, gy, gx, gstate, gwp, gbp)
-        _call(_library, f"onemask_conv_bwd_{_suffix(x)}", pointers, (t, e, k), b,
-              _threads_for(ctx.threads, b, 2 * b * t * e * k))
+        _call(
+            _library,
+            f"onemask_conv_bwd_{_suffix(x)}",
+            pointers,
+            (t, e, k),
+            b,
+            _threads_for(ctx.threads, b, 2 * b * t * e * k),
+        )
         need = ctx.needs_input_grad
-        return (gx if need[0] else None, gwp.sum(0) if need[1] else None,
-                gbp.sum(0) if need[2] and ctx.has_bias else None, gstate if need[3] else None, None, None)
+        return (
+            gx if need[0] else None,
+            gwp.sum(0) if need[1] else None,
+            gbp.sum(0) if need[2] and ctx.has_bias else None,
+            gstate if need[3] else None,
+            None,
+            None,
+        )
 
 
 def conv(x, weight, bias, state, activation=None, threads=None):
@@ -343,10 +424,14 @@ def conv(x, weight, bias, state, activation=None, threads=None):
         raise RuntimeError(f"causal_conv1d_cpu is {_status}; use lib.conv.causal_conv1d")
     wt = work_dtype(x, weight, bias, state)
     w2 = weight.reshape(weight.shape[0], weight.shape[-1])  # (E, K)
-    y = _CpuConv.apply(x.to(wt).contiguous(), w2.to(wt).t().contiguous(),
-                       None if bias is None else bias.to(wt).contiguous(),
-                       None if state is None else state.to(wt).contiguous(), activation == "silu",
-                       torch.get_num_threads() if threads is None else threads)
+    y = _CpuConv.apply(
+        x.to(wt).contiguous(),
+        w2.to(wt).t().contiguous(),
+        None if bias is None else bias.to(wt).contiguous(),
+        None if state is None else state.to(wt).contiguous(),
+        activation == "silu",
+        torch.get_num_threads() if threads is None else threads,
+    )
     return y.to(x.dtype)
 
 
@@ -361,8 +446,14 @@ class _CpuRMSNorm(torch.autograd.Function):
     def forward(ctx, x, w, eps, threads):
         r, c = x.shape
         y, rstd = torch.empty_like(x), torch.empty(r, dtype=x.dtype)
-        _call(_library, f"onemask_rms_{_suffix(x)}", _pointers(x, w, y, rstd), (float(eps), c), r,
-              _threads_for(threads, r, r * c))
+        _call(
+            _library,
+            f"onemask_rms_{_suffix(x)}",
+            _pointers(x, w, y, rstd),
+            (float(eps), c),
+            r,
+            _threads_for(threads, r, r * c),
+        )
         ctx.save_for_backward(x, w, rstd)
         ctx.threads = threads
         return y
@@ -373,8 +464,14 @@ class _CpuRMSNorm(torch.autograd.Function):
         r, c = x.shape
         units = -(-r // RMS_ROWS)
         gx, gwp = torch.empty_like(x), torch.empty(units, c, dtype=x.dtype)
-        _call(_library, f"onemask_rms_bwd_{_suffix(x)}", _pointers(x, w, rstd, gy.to(x.dtype).contiguous(), gx, gwp),
-              (r, c), units, _threads_for(ctx.threads, units, 2 * r * c))
+        _call(
+            _library,
+            f"onemask_rms_bwd_{_suffix(x)}",
+            _pointers(x, w, rstd, gy.to(x.dtype).contiguous(), gx, gwp),
+            (r, c),
+            units,
+            _threads_for(ctx.threads, units, 2 * r * c),
+        )
         return gx, gwp.sum(0), None, None
 
 
@@ -384,6 +481,10 @@ def rms_norm(x, weight, eps, threads=None):
     if _ensure_built() is None:
         raise RuntimeError(f"rms_norm_cpu is {_status}; use lib.norms.rms_norm")
     shape = x.shape
-    y = _CpuRMSNorm.apply(x.reshape(-1, shape[-1]).contiguous(), weight.contiguous(), eps,
-                          torch.get_num_threads() if threads is None else threads)
+    y = _CpuRMSNorm.apply(
+        x.reshape(-1, shape[-1]).contiguous(),
+        weight.contiguous(),
+        eps,
+        torch.get_num_threads() if threads is None else threads,
+    )
     return y.view(shape)

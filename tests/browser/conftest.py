@@ -25,8 +25,16 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 def pytest_collection_modifyitems(items):
@@ -112,7 +120,13 @@ class PageLog:
         page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
 
     def outside_requests(self) -> list[str]:
-        local = (self.origin, self.origin.replace("http", "ws", 1), "data:", "blob:", "about:")  # ws: the site's own kernels
+        local = (
+            self.origin,
+            self.origin.replace("http", "ws", 1),
+            "data:",
+            "blob:",
+            "about:",
+        )  # ws: the site's own kernels
         return [u for u in self.requests if not u.startswith(local)]
 
 
@@ -167,18 +181,34 @@ def lab_server(tmp_path_factory):
     for track in sorted((ROOT / "lessons" / "build").glob("[0-9][0-9]-*.md")):
         nbformat.write(jupytext.read(track), work / "lessons" / "build" / "solved" / f"{track.stem}.ipynb")
     port, token = free_port(), "onemask-test-token"
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(work / "runtime"), JUPYTER_CONFIG_DIR=str(work / "config"),
-               PYTHONHASHSEED="0")
+    env = dict(
+        os.environ,
+        JUPYTER_RUNTIME_DIR=str(work / "runtime"),
+        JUPYTER_CONFIG_DIR=str(work / "config"),
+        PYTHONHASHSEED="0",
+    )
     for item in shlex.split(os.environ.get("ONEMASK_LAB_KERNEL_ENV", "")):
         name, sep, value = item.partition("=")
         if not sep or not name:
             pytest.fail(f"ONEMASK_LAB_KERNEL_ENV must hold NAME=value pairs, got {item!r}")
         env[name] = value
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work / 'lessons'}",
-           "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={work / 'workspaces'}",
-           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={work / 'lessons'}",
+        "--LabApp.expose_app_in_browser=True",
+        f"--LabApp.workspaces_dir={work / 'workspaces'}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     if os.getuid() == 0:
         cmd.append("--allow-root")
-    with serve(cmd, env, work, work / "lab.log", f"http://127.0.0.1:{port}/api/status?token={token}", "jupyter lab", 90):
+    with serve(
+        cmd, env, work, work / "lab.log", f"http://127.0.0.1:{port}/api/status?token={token}", "jupyter lab", 90
+    ):
         yield f"http://127.0.0.1:{port}", token

@@ -43,8 +43,10 @@ def drawn_data(figure) -> dict:
 def drawn_data_of_json(fig: dict) -> dict:
     """The same from a figure's JSON ({"data": [...], "layout": {...}}, as a kernel sends it)."""
     title = fig["layout"].get("title", {})
-    return {"traces": [{k: plain(t.get(k)) for k in ("x", "y", "z", "text")} for t in fig["data"]],
-            "title": title.get("text") if isinstance(title, dict) else title}
+    return {
+        "traces": [{k: plain(t.get(k)) for k in ("x", "y", "z", "text")} for t in fig["data"]],
+        "title": title.get("text") if isinstance(title, dict) else title,
+    }
 
 
 def difference(drawn, expected, where="figure") -> str | None:
@@ -62,9 +64,12 @@ def difference(drawn, expected, where="figure") -> str | None:
                 return diff
         return None
     numbers = (int, float)
-    if (isinstance(drawn, numbers) and isinstance(expected, numbers) and not isinstance(drawn, bool)
-            and not isinstance(expected, bool) and math.isclose(drawn, expected, rel_tol=1e-9, abs_tol=1e-12)):
+    if (
+        isinstance(drawn, numbers)
+        and isinstance(expected, numbers)
+        and not isinstance(drawn, bool)
+        and not isinstance(expected, bool)
+        and math.isclose(drawn, expected, rel_tol=1e-9, abs_tol=1e-12)
+    ):
         return None
     return None if drawn == expected else f"{where}: drawn {drawn!r}, expected {expected!r}"
-
-

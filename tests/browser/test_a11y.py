@@ -44,8 +44,10 @@ PAGES = book_pages()
 @pytest.fixture(scope="module")
 def axe_script() -> str:
     if not AXE_JS.exists():
-        reason = (f"axe-core is not installed at {AXE_JS.relative_to(ROOT)}: "
-                  "run `bash tools/install_axe.sh .venv` (needs npm)")
+        reason = (
+            f"axe-core is not installed at {AXE_JS.relative_to(ROOT)}: "
+            "run `bash tools/install_axe.sh .venv` (needs npm)"
+        )
         if os.environ.get("CI"):
             pytest.fail(reason)  # CI's setup installs it: absent there is a broken setup, not a skip
         pytest.skip(reason)
@@ -72,11 +74,14 @@ def test_page_has_no_serious_accessibility_violations(book_server, page_with_log
     page.wait_for_load_state("networkidle", timeout=120_000)
     n_figures = page.locator(".js-plotly-plot").count()
     if n_figures:
-        page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                               timeout=60_000)
+        page.wait_for_function(
+            f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}", timeout=60_000
+        )
     page.add_script_tag(content=axe_script)
     assert page.evaluate("() => axe.version") == AXE_VERSION
     results = page.evaluate("() => axe.run(document, {resultTypes: ['violations']})")
     blocking = [v for v in results["violations"] if v["impact"] in BLOCKING]
     page.context.close()
-    assert not blocking, f"{path}: {len(blocking)} serious or critical accessibility violation(s):\n{describe(blocking)}"
+    assert not blocking, (
+        f"{path}: {len(blocking)} serious or critical accessibility violation(s):\n{describe(blocking)}"
+    )

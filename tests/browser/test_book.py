@@ -37,10 +37,13 @@ def test_lesson_figures_and_maths_render(book_server, page_with_log, path):
     page.wait_for_load_state("networkidle")
     n_figures = page.locator(".cell_output .js-plotly-plot").count()
     assert n_figures >= 2
-    page.wait_for_function(f"() => document.querySelectorAll('.cell_output .js-plotly-plot .main-svg').length >= {n_figures}",
-                           timeout=30_000)
-    page.wait_for_function("() => document.querySelectorAll('article mjx-container svg').length > 3",
-                           timeout=30_000)  # MathJax, served by the site itself, typeset the equations
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.cell_output .js-plotly-plot .main-svg').length >= {n_figures}",
+        timeout=30_000,
+    )
+    page.wait_for_function(
+        "() => document.querySelectorAll('article mjx-container svg').length > 3", timeout=30_000
+    )  # MathJax, served by the site itself, typeset the equations
     assert log.outside_requests() == [] and log.page_errors == [] and log.console_errors == []
     page.context.close()
 
@@ -53,8 +56,9 @@ def test_mask_zoo_buttons_work_without_a_kernel(book_server, page_with_log):
     plot.scroll_into_view_if_needed()
     before = plot.evaluate("(el) => JSON.stringify(el.data[2].z)")
     plot.locator(".updatemenu-button").filter(has_text="bidirectional").click()
-    page.wait_for_function("([el, old]) => JSON.stringify(el.data[2].z) !== old",
-                           arg=[plot.element_handle(), before], timeout=10_000)
+    page.wait_for_function(
+        "([el, old]) => JSON.stringify(el.data[2].z) !== old", arg=[plot.element_handle(), before], timeout=10_000
+    )
     after = page.evaluate("(el) => el.data[2].z", plot.element_handle())
     assert any(after[0][j] > 0 for j in range(1, len(after)))  # bidirectional: the first token now sees ahead
     page.context.close()
@@ -65,7 +69,9 @@ def test_bertviz_views_render_on_the_book_page(book_server, page_with_log):
     page.goto(f"{book_server}/lessons/02-bert.html")
     page.wait_for_load_state("networkidle")
     page.wait_for_function("() => document.querySelectorAll('[id^=bertviz-] svg text').length > 10", timeout=30_000)
-    drawn = page.evaluate("() => Array.from(document.querySelectorAll('[id^=bertviz-] svg text')).map(t => t.textContent)")
+    drawn = page.evaluate(
+        "() => Array.from(document.querySelectorAll('[id^=bertviz-] svg text')).map(t => t.textContent)"
+    )
     assert "tired" in drawn and "[CLS]" in drawn
     assert log.outside_requests() == [] and log.page_errors == []
     page.context.close()
@@ -81,9 +87,11 @@ def test_lesson_page_links_its_notebooks_and_names_its_prerequisites(book_server
     hrefs = re.findall(r'<a class="reference download" href="([^"]+)" download=', box)
     downloads = {href: f"lessons/{href}" for href in hrefs}
     build = next((ROOT / "lessons" / "build").glob(f"{lesson.number:02d}-build-*.ipynb"))
-    assert downloads == {f"{lesson.stem}.ipynb": f"lessons/{lesson.stem}.ipynb",
-                         f"exercises/{lesson.stem}.ipynb": f"lessons/exercises/{lesson.stem}.ipynb",
-                         f"build/{build.name}": f"lessons/build/{build.name}"}
+    assert downloads == {
+        f"{lesson.stem}.ipynb": f"lessons/{lesson.stem}.ipynb",
+        f"exercises/{lesson.stem}.ipynb": f"lessons/exercises/{lesson.stem}.ipynb",
+        f"build/{build.name}": f"lessons/build/{build.name}",
+    }
     for href, source in downloads.items():
         served = urllib.request.urlopen(f"{book_server}/lessons/{href}").read()  # relative to the page
         assert served == (ROOT / source).read_bytes(), f"{href} is not the repository's {source} (rebuild: make book)"

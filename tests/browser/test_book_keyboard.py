@@ -55,8 +55,9 @@ def test_animation_plays_and_steps_from_the_keyboard(book_server, page_with_log)
     assert not gd.evaluate("gd => !!gd._transitionData._animationRaf")
 
     play = figure.locator("g.updatemenu-button").first.element_handle()
-    assert play.evaluate("el => [el.getAttribute('role'), el.getAttribute('tabindex'), el.getAttribute('aria-label')]") \
-        == ["button", "0", "Play animation"]
+    assert play.evaluate(
+        "el => [el.getAttribute('role'), el.getAttribute('tabindex'), el.getAttribute('aria-label')]"
+    ) == ["button", "0", "Play animation"]
     tab_to(page, play)
     before = gd.evaluate(SHOWN)
     assert before["valuenow"] == str(before["active"] + 1)
@@ -67,12 +68,21 @@ def test_animation_plays_and_steps_from_the_keyboard(book_server, page_with_log)
 
     slider = figure.locator("g.slider-group").first.element_handle()
     tab_to(page, slider, "Shift+Tab", limit=3)  # plotly draws the slider just before the buttons
-    for key, active in [("Home", 0), ("ArrowRight", 1), ("ArrowRight", 2), ("ArrowLeft", 1),
-                        ("End", before["last"]), ("ArrowRight", before["last"])]:
+    for key, active in [
+        ("Home", 0),
+        ("ArrowRight", 1),
+        ("ArrowRight", 2),
+        ("ArrowLeft", 1),
+        ("End", before["last"]),
+        ("ArrowRight", before["last"]),
+    ]:
         page.keyboard.press(key)
-        page.wait_for_function(f"gd => gd._fullLayout.sliders[0].active === {active} && !gd._transitionData._animationRaf "
-                               f"&& gd.querySelector('g.slider-group').getAttribute('aria-valuenow') === '{active + 1}'",
-                               arg=gd, timeout=10_000)
+        page.wait_for_function(
+            f"gd => gd._fullLayout.sliders[0].active === {active} && !gd._transitionData._animationRaf "
+            f"&& gd.querySelector('g.slider-group').getAttribute('aria-valuenow') === '{active + 1}'",
+            arg=gd,
+            timeout=10_000,
+        )
         shown = gd.evaluate(SHOWN)
         assert shown["showsFrame"], f"after {key} the figure does not show step {active}'s frame"
         assert shown["valuetext"].endswith(f"{active + 1} of {before['last'] + 1}") and shown["focused"]

@@ -19,8 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
+from drawn import DRAWN_JS, FIGURE
+from drawn import difference as _difference
+from drawn import drawn_data as _drawn_data
+from drawn import plain as _plain
 
-from drawn import DRAWN_JS, FIGURE, difference as _difference, drawn_data as _drawn_data, plain as _plain
 from widgets.gallery import GALLERY, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +65,12 @@ def gallery_server(tmp_path_factory, server, unused_port):
     make_gallery.write_gallery(out)
     port = unused_port()
     argv, env = make_gallery.voila_command(out, port, TOKEN)
-    env = {**env, "JUPYTER_RUNTIME_DIR": str(out / "runtime"), "JUPYTER_CONFIG_DIR": str(out / "config"),
-           "PYTHONHASHSEED": "0"}
+    env = {
+        **env,
+        "JUPYTER_RUNTIME_DIR": str(out / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(out / "config"),
+        "PYTHONHASHSEED": "0",
+    }
     with server(argv, env, out, out / "voila.log", f"http://127.0.0.1:{port}/?token={TOKEN}", "voila", 120):
         yield f"http://127.0.0.1:{port}", out
 
@@ -164,8 +171,10 @@ def _assert_probe_labels_readable(plot):
     assert len(labels) == 32, labels  # the probe window: 32 characters, one label each
     assert min(label["size"] for label in labels) >= 14
     for i, a in enumerate(labels):
-        for b in labels[i + 1:]:
-            apart = a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
+        for b in labels[i + 1 :]:
+            apart = (
+                a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
+            )
             assert apart, f"probe labels {a} and {b} overlap"
 
 
@@ -195,8 +204,7 @@ def test_widget_responds_to_the_keyboard_with_the_right_figure(widget_page):
         handle.focus()
         for _ in range(3):
             handle.press("ArrowRight")
-    page.wait_for_function(f"([el, old]) => {FIGURE} !== old",
-                           arg=[plot.element_handle(), before], timeout=60_000)
+    page.wait_for_function(f"([el, old]) => {FIGURE} !== old", arg=[plot.element_handle(), before], timeout=60_000)
     deadline, diff = time.time() + 60, "not compared"  # a slider's intermediate steps redraw first
     while time.time() < deadline:
         diff = _difference(_plain(json.loads(plot.evaluate(DRAWN_JS))), expected)

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from lab_js import ALL_CELLS_RUN_JS
 from test_lab import CELL_STATE_JS
 
@@ -78,8 +77,9 @@ c.Spawner.http_timeout = 120
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, server, unused_port):
     if not PROXY.exists():
-        reason = (f"configurable-http-proxy is not installed at {PROXY}: "
-                  "run `bash tools/install_proxy.sh .venv` (needs npm)")
+        reason = (
+            f"configurable-http-proxy is not installed at {PROXY}: run `bash tools/install_proxy.sh .venv` (needs npm)"
+        )
         if os.environ.get("CI"):
             pytest.fail(reason)  # CI's setup installs it: absent there is a broken setup, not a skip
         pytest.skip(reason)
@@ -90,18 +90,33 @@ def hub(tmp_path_factory, server, unused_port):
         shutil.copy(LESSON, homes / student / LESSON.name)
     passwords = {s: secrets.token_urlsafe(12) for s in STUDENTS}
     port = unused_port()
-    args = ["--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    args = [
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     if os.getuid() == 0:
         args.append("--allow-root")
-    (work / "jupyterhub_config.py").write_text(CONFIG.format(
-        port=port, hub_port=unused_port(), proxy_api_port=unused_port(), proxy=str(PROXY),
-        pid_file=str(work / "proxy.pid"), db=work / "jupyterhub.sqlite",
-        cookie_secret=str(work / "jupyterhub_cookie_secret"), passwords=passwords,
-        homes=str(homes), singleuser=str(Path(sys.executable).parent / "jupyterhub-singleuser"),
-        args=args))
-    env = dict(os.environ, CONFIGPROXY_AUTH_TOKEN=secrets.token_hex(32),
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    (work / "jupyterhub_config.py").write_text(
+        CONFIG.format(
+            port=port,
+            hub_port=unused_port(),
+            proxy_api_port=unused_port(),
+            proxy=str(PROXY),
+            pid_file=str(work / "proxy.pid"),
+            db=work / "jupyterhub.sqlite",
+            cookie_secret=str(work / "jupyterhub_cookie_secret"),
+            passwords=passwords,
+            homes=str(homes),
+            singleuser=str(Path(sys.executable).parent / "jupyterhub-singleuser"),
+            args=args,
+        )
+    )
+    env = dict(
+        os.environ,
+        CONFIGPROXY_AUTH_TOKEN=secrets.token_hex(32),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "jupyterhub", "-f", str(work / "jupyterhub_config.py")]
     with server(cmd, env, work, work / "hub.log", f"{base}/hub/api", "jupyterhub", 90):
@@ -130,8 +145,11 @@ def classroom(hub, browser):
         log_in(page, base, student, passwords[student])
         page.wait_for_url(f"**/user/{student}/lab**", timeout=180_000)
         page.goto(f"{base}/user/{student}/lab/tree/{LESSON.name}")
-        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
-                               "&& window.jupyterapp.shell.currentWidget.context", timeout=120_000)
+        page.wait_for_function(
+            "() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
+            "&& window.jupyterapp.shell.currentWidget.context",
+            timeout=120_000,
+        )
         pages[student] = page
     for page in pages.values():
         n_cells = page.evaluate("""async () => {
@@ -144,8 +162,7 @@ def classroom(hub, browser):
         }""")
         assert n_cells > 20
     for page in pages.values():
-        page.wait_for_function(
-            ALL_CELLS_RUN_JS, timeout=600_000, polling=1000)
+        page.wait_for_function(ALL_CELLS_RUN_JS, timeout=600_000, polling=1000)
     yield pages
     for page in pages.values():
         page.context.close()
@@ -170,8 +187,7 @@ def test_two_students_run_lesson_01_on_their_own_servers(hub, classroom):
 def test_a_student_cannot_open_another_students_server_or_files(hub, classroom):
     base, _, _ = hub
     ben = classroom["ben"]
-    for path in ("lab", f"lab/tree/{LESSON.name}", f"files/{LESSON.name}",
-                 f"api/contents/{LESSON.name}"):
+    for path in ("lab", f"lab/tree/{LESSON.name}", f"files/{LESSON.name}", f"api/contents/{LESSON.name}"):
         response = ben.goto(f"{base}/user/ada/{path}")
         assert response.status == 403, (path, response.status, ben.url)
     # nor through his own server: its files stop at his home

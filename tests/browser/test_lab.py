@@ -18,9 +18,9 @@ import json
 import time
 
 import pytest
-
 from drawn import DRAWN_JS, difference, drawn_data_of_json, plain
 from lab_js import ALL_CELLS_RUN_JS
+
 from lib.course.lessons import LESSONS
 
 LANDED = [f"exercises/{lesson.stem}.ipynb" for lesson in LESSONS if lesson.landed()]
@@ -116,8 +116,11 @@ def lab_page(request, lab_server, page_with_log):
     # A workspace of its own per lesson: otherwise JupyterLab restores the previous lesson's tab.
     workspace = request.param.replace(".ipynb", "").replace("/", "-")
     page.goto(f"{base}/lab/workspaces/{workspace}/tree/{request.param}?token={token}&reset")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
-                           "&& window.jupyterapp.shell.currentWidget.context", timeout=90_000)
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
+        "&& window.jupyterapp.shell.currentWidget.context",
+        timeout=90_000,
+    )
     # Clear the stored outputs (so execution counts say what ran now), then run all cells; the
     # command's promise is not awaited, it can outlive the cells.
     n_cells = page.evaluate("""async () => {
@@ -132,7 +135,8 @@ def lab_page(request, lab_server, page_with_log):
     # Done when the kernel is idle again and every code cell has an execution count.
     page.wait_for_function(
         ALL_CELLS_RUN_JS,
-        timeout=600_000, polling=1000,  # a lesson is budgeted at 90 s: room for a slow or busy runner
+        timeout=600_000,
+        polling=1000,  # a lesson is budgeted at 90 s: room for a slow or busy runner
     )
     yield page, request.param
     page.evaluate("() => window.jupyterapp.commands.execute('kernelmenu:shutdown')")
@@ -163,8 +167,12 @@ def test_static_figures_render_in_lab(lab_page):
     assert len(indices) >= 2
     for i in indices:
         page.evaluate(SCROLL_TO_JS, i)
-        page.wait_for_function("(i) => !!window.jupyterapp.shell.currentWidget.content.widgets[i]"
-                               ".node.querySelector('.js-plotly-plot .main-svg')", arg=i, timeout=30_000)
+        page.wait_for_function(
+            "(i) => !!window.jupyterapp.shell.currentWidget.content.widgets[i]"
+            ".node.querySelector('.js-plotly-plot .main-svg')",
+            arg=i,
+            timeout=30_000,
+        )
 
 
 def _kernel(page, code: str) -> str:
@@ -183,12 +191,19 @@ def test_every_live_widget_draws_the_right_figure_after_a_move(lab_page):
     checked = 0
     for i in page.evaluate(CELL_STATE_JS)["widgets"]:
         page.evaluate(SCROLL_TO_JS, i)
-        page.evaluate("(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
-                      ".setAttribute('data-onemask-cell', String(i))", i)
+        page.evaluate(
+            "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
+            ".setAttribute('data-onemask-cell', String(i))",
+            i,
+        )
         cell = page.locator(f"[data-onemask-cell='{i}']")
         # widgets render asynchronously
-        page.wait_for_function("(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
-                               ".querySelector('.js-plotly-plot') !== null", arg=i, timeout=60_000)
+        page.wait_for_function(
+            "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
+            ".querySelector('.js-plotly-plot') !== null",
+            arg=i,
+            timeout=60_000,
+        )
         controls = cell.locator(".widget-dropdown select:not([disabled]), .noUi-handle")
         plan = json.loads(_kernel(page, f"_onemask_plan({page.evaluate(MODEL_ID_JS, i)!r})"))
         if plan is None:
@@ -224,7 +239,8 @@ def test_bertviz_views_render_in_lab(lab_page):
       const found = [];
       for (let i = 0; i < cells.length; i++) {
         const c = cells.get(i);
-        if (c.type === 'code' && c.outputs.toJSON().some(o => o.data && String(o.data['text/html'] || '').includes('bertviz-'))) found.push(i);
+        const html = o => String(o.data && o.data['text/html'] || '');
+        if (c.type === 'code' && c.outputs.toJSON().some(o => html(o).includes('bertviz-'))) found.push(i);
       }
       return found;
     }""")
@@ -232,5 +248,9 @@ def test_bertviz_views_render_in_lab(lab_page):
         assert len(indices) == 2  # head view and model view
     for i in indices:
         page.evaluate(SCROLL_TO_JS, i)
-        page.wait_for_function("(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
-                               ".querySelectorAll('svg text').length > 5", arg=i, timeout=30_000)
+        page.wait_for_function(
+            "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].node"
+            ".querySelectorAll('svg text').length > 5",
+            arg=i,
+            timeout=30_000,
+        )

@@ -7,13 +7,13 @@ beside the other solved tracks and assembles the student's parts of 03, 06 and 0
 from pathlib import Path
 
 import pytest
-
 from lab_js import ALL_CELLS_RUN_JS
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACKS = sorted((ROOT / "lessons" / "build").glob("[0-9][0-9]-*.md"))
-RUNS = [(f"build/{t.stem}.ipynb", "unsolved") for t in TRACKS] + [(f"build/solved/{t.stem}.ipynb", "solved")
-                                                                  for t in TRACKS]
+RUNS = [(f"build/{t.stem}.ipynb", "unsolved") for t in TRACKS] + [
+    (f"build/solved/{t.stem}.ipynb", "solved") for t in TRACKS
+]
 
 STATE_JS = """() => {
   const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
@@ -40,16 +40,18 @@ def test_build_track_runs_in_lab(path, state, lab_server, page_with_log):
     page, log = page_with_log(base, viewport=(1400, 1000))
     workspace = path.replace(".ipynb", "").replace("/", "-")
     page.goto(f"{base}/lab/workspaces/{workspace}/tree/{path}?token={token}&reset")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
-                           "&& window.jupyterapp.shell.currentWidget.context", timeout=90_000)
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
+        "&& window.jupyterapp.shell.currentWidget.context",
+        timeout=90_000,
+    )
     page.evaluate("""async () => {
       const panel = window.jupyterapp.shell.currentWidget;
       await panel.context.ready;
       await panel.sessionContext.ready;
       window.jupyterapp.commands.execute('notebook:run-all-cells');
     }""")
-    page.wait_for_function(
-        ALL_CELLS_RUN_JS, timeout=300_000, polling=1000)
+    page.wait_for_function(ALL_CELLS_RUN_JS, timeout=300_000, polling=1000)
     result = page.evaluate(STATE_JS)
     page.evaluate("() => window.jupyterapp.commands.execute('kernelmenu:shutdown')")
     page.context.close()

@@ -33,4 +33,3 @@ def assert_names_the_mistake(check, wrong, words):
     """`check` fails `wrong` with `words` in its problem or hint."""
     report = check(wrong)
     assert not report.passed and words in f"{report.problem} {report.hint}", report
-

@@ -4,7 +4,6 @@ step whose function it calls and which is wrong; step 1.4 really compares with a
 
 import math
 
-import pytest
 import torch
 
 import lib.course.exercises.build01 as checks
@@ -80,8 +79,7 @@ WRONG_VERSIONS = {
         (lambda q, k: q @ k.transpose(-2, -1) / q.shape[-1], "divides by D"),
         (lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]), "rows must be the queries"),
         (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-2]), "divides by √T"),
-        (lambda q, k: q.transpose(-2, -1) @ k / math.sqrt(q.shape[-1]),
-         "the dot product runs over D"),
+        (lambda q, k: q.transpose(-2, -1) @ k / math.sqrt(q.shape[-1]), "the dot product runs over D"),
         (lambda q, k: torch.softmax(_scaled(q, k), -1), "already a softmax"),
     ],
     "check_document_mask": [
@@ -129,25 +127,31 @@ def _notebook(source: str, **names) -> dict:
 
 
 def test_the_weights_check_names_step_1_1_when_my_scores_is_wrong():
-    nb = _notebook("def my_attention_weights(q, k, mask):\n"
-                   "    return my_safe_softmax(my_scores(q, k) + mask)\n",
-                   my_scores=lambda q, k: q @ k.transpose(-2, -1), my_safe_softmax=my_safe_softmax)
+    nb = _notebook(
+        "def my_attention_weights(q, k, mask):\n    return my_safe_softmax(my_scores(q, k) + mask)\n",
+        my_scores=lambda q, k: q @ k.transpose(-2, -1),
+        my_safe_softmax=my_safe_softmax,
+    )
     report = checks.check_attention_weights(nb["my_attention_weights"])
     assert not report.passed and "Step 1.1" in report.hint and "not scaled" in report.hint, report
 
 
 def test_the_attention_check_names_step_1_3_when_my_safe_softmax_is_wrong():
-    nb = _notebook("def my_attention(q, k, v, mask):\n"
-                   "    return my_safe_softmax(my_scores(q, k) + mask) @ v\n",
-                   my_scores=my_scores, my_safe_softmax=lambda s: torch.softmax(s, -1))
+    nb = _notebook(
+        "def my_attention(q, k, v, mask):\n    return my_safe_softmax(my_scores(q, k) + mask) @ v\n",
+        my_scores=my_scores,
+        my_safe_softmax=lambda s: torch.softmax(s, -1),
+    )
     report = checks.check_attention(nb["my_attention"])
     assert not report.passed and "Step 1.3" in report.hint, report
 
 
 def test_a_correct_earlier_step_is_not_blamed():
-    nb = _notebook("def my_attention(q, k, v, mask):\n"
-                   "    return my_safe_softmax(my_scores(q, k)) @ v\n",
-                   my_scores=my_scores, my_safe_softmax=my_safe_softmax)
+    nb = _notebook(
+        "def my_attention(q, k, v, mask):\n    return my_safe_softmax(my_scores(q, k)) @ v\n",
+        my_scores=my_scores,
+        my_safe_softmax=my_safe_softmax,
+    )
     report = checks.check_attention(nb["my_attention"])
     assert not report.passed and "mask was not applied" in report.hint, report
     assert "Step 1." not in report.hint, report
@@ -157,9 +161,11 @@ def test_a_step_written_on_an_unwritten_one_names_that_step():
     def unwritten(*args):
         raise NotImplementedError
 
-    nb = _notebook("def my_attention(q, k, v, mask):\n"
-                   "    return my_safe_softmax(my_scores(q, k) + mask) @ v\n",
-                   my_scores=my_scores, my_safe_softmax=unwritten)
+    nb = _notebook(
+        "def my_attention(q, k, v, mask):\n    return my_safe_softmax(my_scores(q, k) + mask) @ v\n",
+        my_scores=my_scores,
+        my_safe_softmax=unwritten,
+    )
     report = checks.check_attention(nb["my_attention"])
     assert report.problem == "not attempted yet" and "Step 1.3" in report.hint, report
     assert "not written yet" in report.hint
@@ -186,8 +192,13 @@ def test_step_1_4_fails_an_answer_right_only_on_made_up_numbers():
 
 
 def test_checks_do_not_raise_on_answers_of_any_shape():
-    for check in (checks.check_scores, checks.check_document_mask, checks.check_safe_softmax,
-                  checks.check_attention_weights, checks.check_attention):
+    for check in (
+        checks.check_scores,
+        checks.check_document_mask,
+        checks.check_safe_softmax,
+        checks.check_attention_weights,
+        checks.check_attention,
+    ):
         for answer in (torch.zeros(3), torch.zeros(2, 2, dtype=torch.bool), None, (1, 2)):
             report = check(lambda *a, answer=answer: answer)
             assert not report.passed

@@ -4,7 +4,6 @@ function it uses and which is wrong; step 2.5 really compares with transformers'
 
 import math
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -29,8 +28,7 @@ class MySelfAttention(nn.Module):
 
     def forward(self, x, mask):
         B, T, C = x.shape
-        q, k, v = (my_split_heads(proj(x), self.num_heads)
-                   for proj in (self.query, self.key, self.value))
+        q, k, v = (my_split_heads(proj(x), self.num_heads) for proj in (self.query, self.key, self.value))
         scores = q @ k.transpose(-2, -1) / math.sqrt(C // self.num_heads) + mask
         y = torch.softmax(scores, dim=-1) @ v  # (B, H, T, D)
         return y.transpose(1, 2).reshape(B, T, C)
@@ -74,8 +72,7 @@ SOLUTIONS = {
 
 
 # ---------------------------------------------------------------- wrong versions
-def _attention(x, mask, proj, H, split="right", merge="right", scale=True, mask_on="keys", dim=-1,
-               softmax=None):
+def _attention(x, mask, proj, H, split="right", merge="right", scale=True, mask_on="keys", dim=-1, softmax=None):
     B, T, C = x.shape
     D = C // H
 
@@ -109,8 +106,9 @@ def _attention_class(names=("query", "key", "value"), **mistakes):
     return WrongSelfAttention
 
 
-def _layer_class(norm="post", act=F.gelu, eps_from_caller=True, attention_residual=True,
-                 attn_name="attention", **attention_mistakes):
+def _layer_class(
+    norm="post", act=F.gelu, eps_from_caller=True, attention_residual=True, attn_name="attention", **attention_mistakes
+):
     class WrongBertLayer(nn.Module):
         def __init__(self, hidden_size, num_heads, intermediate_size, eps):
             super().__init__()
@@ -142,11 +140,9 @@ def _layer_class(norm="post", act=F.gelu, eps_from_caller=True, attention_residu
 
 WRONG_VERSIONS = {
     "check_split_heads": [
-        (lambda x, H: x.view(x.shape[0], H, x.shape[1], x.shape[2] // H),
-         "view(B, H, T, D) cuts the memory"),
+        (lambda x, H: x.view(x.shape[0], H, x.shape[1], x.shape[2] // H), "view(B, H, T, D) cuts the memory"),
         (lambda x, H: x.view(*x.shape[:2], H, x.shape[2] // H), "now swap T and H"),
-        (lambda x, H: x.view(*x.shape[:2], x.shape[2] // H, H).permute(0, 3, 1, 2),
-         "dealt to the heads in turn"),
+        (lambda x, H: x.view(*x.shape[:2], x.shape[2] // H, H).permute(0, 3, 1, 2), "dealt to the heads in turn"),
         (lambda x, H: x.view(*x.shape[:2], H, x.shape[2] // H).permute(0, 2, 3, 1), "(B, H, D, T)"),
     ],
     "check_self_attention": [
@@ -155,8 +151,7 @@ WRONG_VERSIONS = {
         (_attention_class(scale=False), "not scaled"),
         (_attention_class(mask_on=None), "padding mask was not applied"),
         (_attention_class(mask_on="queries"), "blocked queries (rows)"),
-        (_attention_class(mask_on="queries", softmax=torch.softmax),
-         "did a whole row of scores get -inf?"),
+        (_attention_class(mask_on="queries", softmax=torch.softmax), "did a whole row of scores get -inf?"),
         (_attention_class(dim=-2), "ran over the queries"),
         (_attention_class(names=("q", "k", "v")), "parameter names"),
     ],
@@ -195,28 +190,32 @@ def _notebook(source: str, **names) -> dict:
 
 
 def test_the_feed_forward_check_names_step_2_3_when_my_post_ln_is_wrong():
-    nb = _notebook("def my_feed_forward(x, dense_in, dense_out, norm):\n"
-                   "    return my_post_ln(x, lambda h: dense_out(F.gelu(dense_in(h))), norm)\n",
-                   my_post_ln=lambda x, sub, norm: x + sub(norm(x)))
+    nb = _notebook(
+        "def my_feed_forward(x, dense_in, dense_out, norm):\n"
+        "    return my_post_ln(x, lambda h: dense_out(F.gelu(dense_in(h))), norm)\n",
+        my_post_ln=lambda x, sub, norm: x + sub(norm(x)),
+    )
     report = checks.check_feed_forward(nb["my_feed_forward"])
     assert not report.passed and "Pre-LN" in report.hint and "Step 2.3" in report.hint, report
 
 
 def test_the_layer_check_names_the_step_of_a_wrong_part():
-    source = ("class MyBertLayer(nn.Module):\n"
-              "    def __init__(self, hidden_size, num_heads, intermediate_size, eps):\n"
-              "        super().__init__()\n"
-              "        self.inner = Base(hidden_size, num_heads, intermediate_size, eps)\n"
-              "    def forward(self, x, mask):\n"
-              "        att, inner = self.inner.attention, self.inner\n"
-              "        x = my_post_ln(x, lambda h: att.output.dense(att.self(h, mask)),\n"
-              "                       att.output.LayerNorm)\n"
-              "        return my_feed_forward(x, inner.intermediate.dense, inner.output.dense,\n"
-              "                               inner.output.LayerNorm)\n"
-              "    def state_dict(self, *a, **k):\n"
-              "        return self.inner.state_dict(*a, **k)\n"
-              "    def load_state_dict(self, *a, **k):\n"
-              "        return self.inner.load_state_dict(*a, **k)\n")
+    source = (
+        "class MyBertLayer(nn.Module):\n"
+        "    def __init__(self, hidden_size, num_heads, intermediate_size, eps):\n"
+        "        super().__init__()\n"
+        "        self.inner = Base(hidden_size, num_heads, intermediate_size, eps)\n"
+        "    def forward(self, x, mask):\n"
+        "        att, inner = self.inner.attention, self.inner\n"
+        "        x = my_post_ln(x, lambda h: att.output.dense(att.self(h, mask)),\n"
+        "                       att.output.LayerNorm)\n"
+        "        return my_feed_forward(x, inner.intermediate.dense, inner.output.dense,\n"
+        "                               inner.output.LayerNorm)\n"
+        "    def state_dict(self, *a, **k):\n"
+        "        return self.inner.state_dict(*a, **k)\n"
+        "    def load_state_dict(self, *a, **k):\n"
+        "        return self.inner.load_state_dict(*a, **k)\n"
+    )
     relu_ffn = lambda x, a, b, norm: norm(x + b(F.relu(a(x))))  # noqa: E731
     nb = _notebook(source, Base=MyBertLayer, my_post_ln=my_post_ln, my_feed_forward=relu_ffn)
     report = checks.check_bert_layer(nb["MyBertLayer"])
@@ -224,10 +223,12 @@ def test_the_layer_check_names_the_step_of_a_wrong_part():
 
 
 def test_a_layer_built_on_a_wrong_self_attention_names_step_2_2():
-    source = ("class MyBertLayer(Base):\n"
-              "    def __init__(self, hidden_size, num_heads, intermediate_size, eps):\n"
-              "        super().__init__(hidden_size, num_heads, intermediate_size, eps)\n"
-              "        self.attention.self = MySelfAttention(hidden_size, num_heads)\n")
+    source = (
+        "class MyBertLayer(Base):\n"
+        "    def __init__(self, hidden_size, num_heads, intermediate_size, eps):\n"
+        "        super().__init__(hidden_size, num_heads, intermediate_size, eps)\n"
+        "        self.attention.self = MySelfAttention(hidden_size, num_heads)\n"
+    )
     nb = _notebook(source, Base=MyBertLayer, MySelfAttention=_attention_class(scale=False))
     report = checks.check_bert_layer(nb["MyBertLayer"])
     assert not report.passed and "not scaled" in report.hint and "Step 2.2" in report.hint, report
@@ -239,13 +240,15 @@ def test_a_layer_written_on_an_unwritten_self_attention_names_step_2_2():
             super().__init__()
             raise NotImplementedError
 
-    source = ("class MyBertLayer(nn.Module):\n"
-              "    def __init__(self, hidden_size, num_heads, intermediate_size, eps):\n"
-              "        super().__init__()\n"
-              "        self.attention = nn.Module()\n"
-              "        self.attention.self = MySelfAttention(hidden_size, num_heads)\n"
-              "    def forward(self, x, mask):\n"
-              "        return self.attention.self(x, mask)\n")
+    source = (
+        "class MyBertLayer(nn.Module):\n"
+        "    def __init__(self, hidden_size, num_heads, intermediate_size, eps):\n"
+        "        super().__init__()\n"
+        "        self.attention = nn.Module()\n"
+        "        self.attention.self = MySelfAttention(hidden_size, num_heads)\n"
+        "    def forward(self, x, mask):\n"
+        "        return self.attention.self(x, mask)\n"
+    )
     nb = _notebook(source, MySelfAttention=Unwritten)
     report = checks.check_bert_layer(nb["MyBertLayer"])
     assert report.problem == "not attempted yet" and "Step 2.2" in report.hint, report

@@ -5,7 +5,6 @@ decoder."""
 import math
 import types
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -120,9 +119,15 @@ def my_generate(model, idx, max_new_tokens):
     return idx
 
 
-SOLUTIONS = {"check_rmsnorm": MyRMSNorm, "check_swiglu": MySwiGLU, "check_rope": my_rope,
-             "check_attention": MyAttention, "check_decoder_block": MyDecoderBlock,
-             "check_decoder": MyDecoder, "check_generate": my_generate}
+SOLUTIONS = {
+    "check_rmsnorm": MyRMSNorm,
+    "check_swiglu": MySwiGLU,
+    "check_rope": my_rope,
+    "check_attention": MyAttention,
+    "check_decoder_block": MyDecoderBlock,
+    "check_decoder": MyDecoder,
+    "check_generate": my_generate,
+}
 
 
 # --------------------------------------------------------------------------- wrong versions: 3.1
@@ -199,8 +204,11 @@ class SwiGLUMetaNames(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         C, F_ = cfg.n_embd, cfg.intermediate_size
-        self.w1, self.w3, self.w2 = (nn.Linear(C, F_, bias=False), nn.Linear(C, F_, bias=False),
-                                     nn.Linear(F_, C, bias=False))
+        self.w1, self.w3, self.w2 = (
+            nn.Linear(C, F_, bias=False),
+            nn.Linear(C, F_, bias=False),
+            nn.Linear(F_, C, bias=False),
+        )
 
 
 # --------------------------------------------------------------------------- 3.3
@@ -289,11 +297,15 @@ def _with_globals(fn_or_cls, **names):
     """A copy of a solution whose notebook namespace binds `names` differently: what a learner
     has when an earlier step's cell defines a wrong version."""
     if isinstance(fn_or_cls, type):
-        body = {k: _with_globals(v, **names) for k, v in vars(fn_or_cls).items()
-                if isinstance(v, types.FunctionType)}
+        body = {k: _with_globals(v, **names) for k, v in vars(fn_or_cls).items() if isinstance(v, types.FunctionType)}
         return type(fn_or_cls.__name__, (fn_or_cls,), body)
-    return types.FunctionType(fn_or_cls.__code__, {**fn_or_cls.__globals__, **names},
-                              fn_or_cls.__name__, fn_or_cls.__defaults__, fn_or_cls.__closure__)
+    return types.FunctionType(
+        fn_or_cls.__code__,
+        {**fn_or_cls.__globals__, **names},
+        fn_or_cls.__name__,
+        fn_or_cls.__defaults__,
+        fn_or_cls.__closure__,
+    )
 
 
 AttentionWithWrongRope = _with_globals(MyAttention, my_rope=rope_interleaved)
@@ -409,7 +421,7 @@ def generate_first_position(model, idx, max_new_tokens):
 
 
 def generate_new_only(model, idx, max_new_tokens):
-    return my_generate(model, idx, max_new_tokens)[:, idx.shape[1]:]
+    return my_generate(model, idx, max_new_tokens)[:, idx.shape[1] :]
 
 
 def generate_last_token_only(model, idx, max_new_tokens):

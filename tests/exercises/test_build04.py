@@ -5,7 +5,6 @@ the learner's own cache and attention layer, and SmolLM2-135M."""
 import math
 import types
 
-import pytest
 import torch
 import torch.nn as nn
 
@@ -91,28 +90,36 @@ def my_cache_bytes(cfg, B, T, dtype):
     return 2 * cfg.n_layer * B * T * cfg.n_kv_head * cfg.head_dim * size
 
 
-SOLUTIONS = {"check_kv_cache": MyKVCache, "check_cached_attention": my_cached_attention,
-             "check_cached_layer": MyCachedAttention, "check_cached_generate": my_generate,
-             "check_cache_bytes": my_cache_bytes}
+SOLUTIONS = {
+    "check_kv_cache": MyKVCache,
+    "check_cached_attention": my_cached_attention,
+    "check_cached_layer": MyCachedAttention,
+    "check_cached_generate": my_generate,
+    "check_cache_bytes": my_cache_bytes,
+}
 
 
 def _with_globals(fn_or_cls, **names):
     """A copy of a solution whose notebook namespace binds `names` differently: what a learner
     has when an earlier step's cell defines a wrong version."""
     if isinstance(fn_or_cls, type):
-        body = {k: _with_globals(v, **names) for k, v in vars(fn_or_cls).items()
-                if isinstance(v, types.FunctionType)}
+        body = {k: _with_globals(v, **names) for k, v in vars(fn_or_cls).items() if isinstance(v, types.FunctionType)}
         return type(fn_or_cls.__name__, (fn_or_cls,), body)
-    return types.FunctionType(fn_or_cls.__code__, {**fn_or_cls.__globals__, **names},
-                              fn_or_cls.__name__, fn_or_cls.__defaults__, fn_or_cls.__closure__)
+    return types.FunctionType(
+        fn_or_cls.__code__,
+        {**fn_or_cls.__globals__, **names},
+        fn_or_cls.__name__,
+        fn_or_cls.__defaults__,
+        fn_or_cls.__closure__,
+    )
 
 
 # --------------------------------------------------------------------------- wrong versions: 4.1
 class WritesOneLate(MyKVCache):
     def update(self, start, k, v):
         end = start + k.shape[2]
-        self.k[:, :, start + 1:end + 1] = k
-        self.v[:, :, start + 1:end + 1] = v
+        self.k[:, :, start + 1 : end + 1] = k
+        self.v[:, :, start + 1 : end + 1] = v
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
@@ -293,13 +300,14 @@ def generate_whole_sequence_each_step(model, idx, max_new_tokens):
     return out, torch.stack(chosen_by, dim=1)
 
 
-def _generate(model, idx, max_new_tokens, *, position=lambda T, i: T + i, max_len=None, after=False,
-              prefill_one_by_one=False):
+def _generate(
+    model, idx, max_new_tokens, *, position=lambda T, i: T + i, max_len=None, after=False, prefill_one_by_one=False
+):
     B, T = idx.shape
     caches = model.new_caches(B, max_len or T + max_new_tokens)
     if prefill_one_by_one:
         for t in range(T):
-            logits = model(idx[:, t:t + 1], caches=caches, start=t)[:, -1]
+            logits = model(idx[:, t : t + 1], caches=caches, start=t)[:, -1]
     else:
         logits = model(idx, caches=caches, start=0)[:, -1]
     out, chosen_by = [idx], []

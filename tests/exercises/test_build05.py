@@ -46,8 +46,9 @@ def flash_forward(q, k, v, causal=False, block_m=16, block_n=16, tile=forward_qu
     O, L = torch.empty_like(q), q.new_empty(B, H, T)
     for q_start in range(0, T, block_m):
         q_end = min(q_start + block_m, T)
-        O[:, :, q_start:q_end], L[:, :, q_start:q_end] = tile(q[:, :, q_start:q_end], k, v, q_start,
-                                                              1 / math.sqrt(D), causal, block_n)
+        O[:, :, q_start:q_end], L[:, :, q_start:q_end] = tile(
+            q[:, :, q_start:q_end], k, v, q_start, 1 / math.sqrt(D), causal, block_n
+        )
     return O, L
 
 
@@ -59,8 +60,20 @@ def backward_tile(q, k, v, do, L, delta, scale, q_start, k_start, causal):
     return (ds @ k) * scale, (ds.transpose(-2, -1) @ q) * scale, dv
 
 
-def flash_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16, tile=backward_tile,
-                   delta_of=lambda do, o: (do * o).sum(-1), accumulate=True):
+def flash_backward(
+    q,
+    k,
+    v,
+    o,
+    L,
+    do,
+    causal=False,
+    block_m=16,
+    block_n=16,
+    tile=backward_tile,
+    delta_of=lambda do, o: (do * o).sum(-1),
+    accumulate=True,
+):
     B, H, T, D = q.shape
     delta = delta_of(do, o)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -68,8 +81,18 @@ def flash_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16, tile
         rows = slice(q_start, min(q_start + block_m, T))
         for k_start in range(0, rows.stop if causal else T, block_n):
             cols = slice(k_start, min(k_start + block_n, T))
-            parts = tile(q[:, :, rows], k[:, :, cols], v[:, :, cols], do[:, :, rows], L[:, :, rows],
-                         delta[:, :, rows], 1 / math.sqrt(D), q_start, k_start, causal)
+            parts = tile(
+                q[:, :, rows],
+                k[:, :, cols],
+                v[:, :, cols],
+                do[:, :, rows],
+                L[:, :, rows],
+                delta[:, :, rows],
+                1 / math.sqrt(D),
+                q_start,
+                k_start,
+                causal,
+            )
             if accumulate:
                 dq[:, :, rows] += parts[0]
                 dk[:, :, cols] += parts[1]
@@ -148,6 +171,7 @@ def tile_normalised_in_loop(q, k, v, q_start, scale, causal, block_n):
     def fold(*args):
         m, l, acc = fold_key_tile(*args)
         return m, l, acc / l.clamp_min(1e-30)
+
     return forward_query_tile(q, k, v, q_start, scale, causal, block_n, fold=fold)
 
 
@@ -160,8 +184,18 @@ def tile_skips_partial_key_tile(q, k, v, q_start, scale, causal, block_n):
     B, H, bq, D = q.shape
     m, l, acc = q.new_full((B, H, bq, 1), NEG_INF), q.new_zeros(B, H, bq, 1), q.new_zeros(B, H, bq, D)
     for k_start in range(0, min(min(q_start + bq, T) if causal else T, full), block_n):
-        m, l, acc = fold_key_tile(m, l, acc, q, k[:, :, k_start:k_start + block_n], v[:, :, k_start:k_start + block_n],
-                                  scale, q_start, k_start, causal)
+        m, l, acc = fold_key_tile(
+            m,
+            l,
+            acc,
+            q,
+            k[:, :, k_start : k_start + block_n],
+            v[:, :, k_start : k_start + block_n],
+            scale,
+            q_start,
+            k_start,
+            causal,
+        )
     return acc / l, (m + torch.log(l)).squeeze(-1)
 
 
@@ -171,8 +205,9 @@ def tile_without_causal_skip(q, k, v, q_start, scale, causal, block_n):
     m, l, acc = q.new_full((B, H, bq, 1), NEG_INF), q.new_zeros(B, H, bq, 1), q.new_zeros(B, H, bq, D)
     for k_start in range(0, T, block_n):  # every key tile, even those after every query of the tile
         k_end = min(k_start + block_n, T)
-        m, l, acc = fold_key_tile(m, l, acc, q, k[:, :, k_start:k_end], v[:, :, k_start:k_end], scale, q_start,
-                                  k_start, causal)
+        m, l, acc = fold_key_tile(
+            m, l, acc, q, k[:, :, k_start:k_end], v[:, :, k_start:k_end], scale, q_start, k_start, causal
+        )
     return acc / l, (m + torch.log(l)).squeeze(-1)
 
 
@@ -190,8 +225,9 @@ def forward_skips_partial_query_tile(q, k, v, causal=False, block_m=16, block_n=
     B, H, T, D = q.shape
     O, L = torch.empty_like(q), q.new_empty(B, H, T)  # the rows of a partial last tile stay garbage
     for q_start in range(0, T - block_m + 1, block_m):
-        O[:, :, q_start:q_start + block_m], L[:, :, q_start:q_start + block_m] = forward_query_tile(
-            q[:, :, q_start:q_start + block_m], k, v, q_start, 1 / math.sqrt(D), causal, block_n)
+        O[:, :, q_start : q_start + block_m], L[:, :, q_start : q_start + block_m] = forward_query_tile(
+            q[:, :, q_start : q_start + block_m], k, v, q_start, 1 / math.sqrt(D), causal, block_n
+        )
     return O, L
 
 
@@ -201,7 +237,8 @@ def forward_with_tile_index(q, k, v, causal=False, block_m=16, block_n=16):
     for i, q_start in enumerate(range(0, T, block_m)):
         q_end = min(q_start + block_m, T)
         O[:, :, q_start:q_end], L[:, :, q_start:q_end] = forward_query_tile(
-            q[:, :, q_start:q_end], k, v, i, 1 / math.sqrt(D), causal, block_n)
+            q[:, :, q_start:q_end], k, v, i, 1 / math.sqrt(D), causal, block_n
+        )
     return O, L
 
 
@@ -211,7 +248,8 @@ def forward_scaled_by_d(q, k, v, causal=False, block_m=16, block_n=16):
     for q_start in range(0, T, block_m):
         q_end = min(q_start + block_m, T)
         O[:, :, q_start:q_end], L[:, :, q_start:q_end] = forward_query_tile(
-            q[:, :, q_start:q_end], k, v, q_start, 1 / D, causal, block_n)
+            q[:, :, q_start:q_end], k, v, q_start, 1 / D, causal, block_n
+        )
     return O, L
 
 
@@ -279,8 +317,18 @@ def backward_skips_diagonal(q, k, v, o, L, do, causal=False, block_m=16, block_n
         rows = slice(q_start, min(q_start + block_m, T))
         for k_start in range(0, q_start if causal else T, block_n):  # stops before the diagonal
             cols = slice(k_start, min(k_start + block_n, T))
-            parts = backward_tile(q[:, :, rows], k[:, :, cols], v[:, :, cols], do[:, :, rows], L[:, :, rows],
-                                  delta[:, :, rows], 1 / math.sqrt(D), q_start, k_start, causal)
+            parts = backward_tile(
+                q[:, :, rows],
+                k[:, :, cols],
+                v[:, :, cols],
+                do[:, :, rows],
+                L[:, :, rows],
+                delta[:, :, rows],
+                1 / math.sqrt(D),
+                q_start,
+                k_start,
+                causal,
+            )
             dq[:, :, rows] += parts[0]
             dk[:, :, cols] += parts[1]
             dv[:, :, cols] += parts[2]
@@ -303,9 +351,18 @@ def my_flash_backward(q, k, v, o, L, do, causal=False, block_m=16, block_n=16, s
         rows = slice(q_start, min(q_start + block_m, T))
         for k_start in range(0, rows.stop if causal and skip else T, block_n):
             cols = slice(k_start, min(k_start + block_n, T))
-            dq_t, dk_t, dv_t = my_backward_tile(q[:, :, rows], k[:, :, cols], v[:, :, cols], do[:, :, rows],
-                                                L[:, :, rows], delta[:, :, rows], 1 / math.sqrt(D), q_start,
-                                                k_start, causal)
+            dq_t, dk_t, dv_t = my_backward_tile(
+                q[:, :, rows],
+                k[:, :, cols],
+                v[:, :, cols],
+                do[:, :, rows],
+                L[:, :, rows],
+                delta[:, :, rows],
+                1 / math.sqrt(D),
+                q_start,
+                k_start,
+                causal,
+            )
             dq[:, :, rows] += dq_t
             dk[:, :, cols] += dk_t
             dv[:, :, cols] += dv_t
@@ -368,11 +425,11 @@ def test_the_backward_check_watches_the_tiles_and_puts_the_notebooks_function_ba
     causal skip, and leaves the notebook's function as it found it."""
     assert checks.check_flash_backward(my_flash_backward).passed
     assert my_backward_tile is backward_tile
-    visited = []
     with checks._tiles_visited(backward_without_causal_skip) as visited:
         o, L = checks._forward_truth(*(torch.randn(1, 1, 9, 4) for _ in range(3)), True)
-        backward_without_causal_skip(*(torch.randn(1, 1, 9, 4) for _ in range(3)), o, L,
-                                     torch.randn(1, 1, 9, 4), True, 4, 4)
+        backward_without_causal_skip(
+            *(torch.randn(1, 1, 9, 4) for _ in range(3)), o, L, torch.randn(1, 1, 9, 4), True, 4, 4
+        )
     assert sorted(visited) == [(qs, ks, min(4, 9 - qs)) for qs in (0, 4, 8) for ks in (0, 4, 8)]
     assert checks._future_tiles(visited, 9, 4, 4, True) == [(0, 4), (0, 8), (4, 8)]
     assert my_backward_tile is backward_tile
@@ -405,7 +462,7 @@ def test_the_poisoned_case_only_poisons_keys_the_tile_never_needs():
     """Step 5.2's NaN keys start after the key tile holding the query tile's last position."""
     q = torch.randn(1, 1, 4, 8)
     k, v = checks._poisoned(torch.randn(1, 1, 12, 8), torch.randn(1, 1, 12, 8), 4)
-    o, L = forward_query_tile(q, k, v, 0, 8 ** -0.5, True, 4)
+    o, L = forward_query_tile(q, k, v, 0, 8**-0.5, True, 4)
     assert bool(torch.isfinite(o).all() & torch.isfinite(L).all())
 
 
@@ -425,6 +482,7 @@ def test_the_real_case_compares_with_smollm2s_own_attention():
 
 def test_a_later_step_says_when_an_earlier_step_is_still_the_stub():
     """Step 5.2 run with Step 5.1 unsolved: the report names Step 5.1, not this step, as the stub."""
+
     def my_fold_key_tile(*args):
         raise NotImplementedError
 

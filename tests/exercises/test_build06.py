@@ -22,23 +22,31 @@ def discretize(dt, A_log, B, x, *, softplus=True, A_sign=-1.0, euler=False, delt
     return A_bar, Bx
 
 
-def selective_scan(x, dt, A_log, B, C, D, *, disc=discretize, skip=True, carry=True, reverse=False,
-                   read_old=False):
+def selective_scan(x, dt, A_log, B, C, D, *, disc=discretize, skip=True, carry=True, reverse=False, read_old=False):
     A_bar, Bx = disc(dt, A_log, B, x)
     b, t_len, d = x.shape
     h = x.new_zeros(b, d, A_log.shape[1])
     ys = [None] * t_len
-    for t in (reversed(range(t_len)) if reverse else range(t_len)):
+    for t in reversed(range(t_len)) if reverse else range(t_len):
         h_old = h
         h = (A_bar[:, t] * h if carry else 0) + Bx[:, t]
         ys[t] = ((h_old if read_old else h) * C[:, t].unsqueeze(1)).sum(-1) + (D * x[:, t] if skip else 0)
     return torch.stack(ys, dim=1)
 
 
-def make_ssm(*, scan=selective_scan, swap_bc=False, dt_bias=True, softplus_twice=False,
-             x_proj_bias=False, a_init="log", dt_init="mamba"):
+def make_ssm(
+    *,
+    scan=selective_scan,
+    swap_bc=False,
+    dt_bias=True,
+    softplus_twice=False,
+    x_proj_bias=False,
+    a_init="log",
+    dt_init="mamba",
+):
     """dt_init: "mamba" (softplus(bias) log-uniform in [dt_min, dt_max], right), "none" (nn.Linear's
     own bias), "raw" (the bias holds Δ itself, its inverse softplus forgotten)."""
+
     class MySelectiveSSM(nn.Module):
         def __init__(self, cfg):
             super().__init__()
@@ -80,8 +88,7 @@ def make_mixer(*, ssm=None, conv="causal", conv_silu=True, gate="silu", swap_xz=
             super().__init__()
             C, D, K = cfg.d_model, cfg.d_inner, cfg.d_conv
             self.in_proj = nn.Linear(C, 2 * D, bias=cfg.bias)
-            self.conv1d = nn.Conv1d(D, D, K, groups=D, padding=K - 1 if conv != "same" else "same",
-                                    bias=cfg.conv_bias)
+            self.conv1d = nn.Conv1d(D, D, K, groups=D, padding=K - 1 if conv != "same" else "same", bias=cfg.conv_bias)
             if flat:  # the official flat layout: x_proj, dt_proj, A_log, D in the mixer itself
                 inner = ssm_cls(cfg)
                 self.x_proj, self.dt_proj, self.A_log, self.D = inner.x_proj, inner.dt_proj, inner.A_log, inner.D
@@ -95,13 +102,18 @@ def make_mixer(*, ssm=None, conv="causal", conv_silu=True, gate="silu", swap_xz=
             if swap_xz:
                 xs, z = z, xs
             xc = self.conv1d(xs.transpose(1, 2))
-            xc = {"causal": lambda: xc[..., :T], "last T": lambda: xc[..., -T:], "same": lambda: xc,
-                  "untruncated": lambda: xc}[conv]().transpose(1, 2)
+            xc = {
+                "causal": lambda: xc[..., :T],
+                "last T": lambda: xc[..., -T:],
+                "same": lambda: xc,
+                "untruncated": lambda: xc,
+            }[conv]().transpose(1, 2)
             if conv_silu:
                 xc = F.silu(xc)
             y = self.ssm(xc)
-            y = {"silu": lambda: y * F.silu(z), "none": lambda: y, "z": lambda: y * z,
-                 "silu y": lambda: F.silu(y) * z}[gate]()
+            y = {"silu": lambda: y * F.silu(z), "none": lambda: y, "z": lambda: y * z, "silu y": lambda: F.silu(y) * z}[
+                gate
+            ]()
             return self.out_proj(y)
 
     return MyMambaMixer
@@ -256,6 +268,7 @@ def test_the_solution_mixer_takes_lib_weights_by_name_both_ways():
 
 def test_a_later_step_says_when_an_earlier_step_is_still_the_stub():
     """The mixer built on an unsolved Step 6.3: the report names MySelectiveSSM and its step."""
+
     class MySelectiveSSM(nn.Module):
         def __init__(self, cfg):
             super().__init__()

@@ -2,13 +2,12 @@
 the mistake in at least three plausible wrong versions of its step; the checks' references agree
 with Hugging Face's Mixtral and with lib.moe."""
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import lib.course.exercises.build07 as checks
-from lib.moe import MoE, route_top_k, load_balancing_loss, moe_from_mixtral
+from lib.moe import MoE, load_balancing_loss, moe_from_mixtral, route_top_k
 
 
 # --------------------------------------------------------------------------- solutions (as the track's)
@@ -42,17 +41,25 @@ def my_combine(h, gates, routes, w1, w3, w2):
     return y
 
 
-def moe_class(router=my_router, dispatch=my_dispatch, combine=my_combine, *, router_name="router",
-              no_grad_routing=False, return_tuple=True, flat_y=False):
+def moe_class(
+    router=my_router,
+    dispatch=my_dispatch,
+    combine=my_combine,
+    *,
+    router_name="router",
+    no_grad_routing=False,
+    return_tuple=True,
+    flat_y=False,
+):
     class MyMoE(nn.Module):
         def __init__(self, d_model, d_ff, num_experts, top_k):
             super().__init__()
             C, Fh, E = d_model, d_ff, num_experts
             self.num_experts, self.top_k = E, top_k
             setattr(self, router_name, nn.Linear(C, E, bias=False))
-            self.w1 = nn.Parameter(torch.empty(E, C, Fh).uniform_(-C**-0.5, C**-0.5))
-            self.w3 = nn.Parameter(torch.empty(E, C, Fh).uniform_(-C**-0.5, C**-0.5))
-            self.w2 = nn.Parameter(torch.empty(E, Fh, C).uniform_(-Fh**-0.5, Fh**-0.5))
+            self.w1 = nn.Parameter(torch.empty(E, C, Fh).uniform_(-(C**-0.5), C**-0.5))
+            self.w3 = nn.Parameter(torch.empty(E, C, Fh).uniform_(-(C**-0.5), C**-0.5))
+            self.w2 = nn.Parameter(torch.empty(E, Fh, C).uniform_(-(Fh**-0.5), Fh**-0.5))
 
         def forward(self, x):
             B, T, C = x.shape
@@ -81,8 +88,13 @@ def my_balance_loss(router_logits, top_k):
     return torch.stack(losses).mean()
 
 
-SOLUTIONS = {"check_router": my_router, "check_dispatch": my_dispatch, "check_combine": my_combine,
-             "check_moe_layer": moe_class(), "check_layer_balance_loss": my_balance_loss}
+SOLUTIONS = {
+    "check_router": my_router,
+    "check_dispatch": my_dispatch,
+    "check_combine": my_combine,
+    "check_moe_layer": moe_class(),
+    "check_layer_balance_loss": my_balance_loss,
+}
 
 
 # --------------------------------------------------------------------------- wrong versions
@@ -142,6 +154,7 @@ def combine_variant(**kw):
         for e, (tokens, slots) in enumerate(routes):
             experts[tokens, slots] = e
         return checks._combine_variant(h, gates, experts, w1, w3, w2, **kw)
+
     return combine
 
 
@@ -164,7 +177,7 @@ def dispatch_bincount(experts, num_experts):
     order = torch.argsort(flat, stable=True)
     out, start = [], 0
     for e in range(num_experts):
-        a = order[start:start + counts[e]]  # IndexError when expert e >= the largest expert used
+        a = order[start : start + counts[e]]  # IndexError when expert e >= the largest expert used
         start += counts[e]
         out.append((a // experts.shape[1], a % experts.shape[1]))
     return out
@@ -196,25 +209,46 @@ def balance_detached(router_logits, top_k):
 
 
 WRONG_VERSIONS = {
-    "check_router": [(router_raw_gates, "not renormalised"), (router_unflattened, "flatten"),
-                     (router_returns_probabilities, "probabilities"), (router_softmax_twice, "softmax applied twice"),
-                     (router_softmax_over_tokens, "not over the tokens"), (router_smallest, "largest")],
-    "check_dispatch": [(dispatch_skips_idle, "receive no token"), (dispatch_swapped, "swapped"),
-                       (dispatch_first_choice, "first choice"), (dispatch_tokens_only, "pair")],
-    "check_combine": [(combine_variant(use_gates=False), "by its gate"), (combine_variant(swap=True), "SiLU goes on"),
-                      (combine_variant(overwrite=True), "keeps only the last"), (combine_variant(act=F.gelu), "not GELU"),
-                      (combine_variant(up=False), "up projection"), (combine_variant(divide=2), "not a mean"),
-                      (combine_stacks_outputs, "idle expert must not break")],
-    "check_moe_layer": [(moe_class(router=router_raw_gates), "not renormalised"),
-                        (moe_class(combine=combine_variant(use_gates=False)), "without their gates"),
-                        (moe_class(dispatch=dispatch_bincount), "idle expert must not break"),
-                        (moe_class(dispatch=dispatch_first_choice), "first choice"),
-                        (moe_class(router_name="gate"), "router.weight"),
-                        (moe_class(no_grad_routing=True), "no gradient"),
-                        (moe_class(return_tuple=False), "tuple"), (moe_class(flat_y=True), "reshape")],
-    "check_layer_balance_loss": [(balance_pooled, "pooled"), (balance_top1_f, "top-1"),
-                                 (balance_summed_layers, "mean"), (balance_item, "tensor"),
-                                 (balance_detached, "gradient")],
+    "check_router": [
+        (router_raw_gates, "not renormalised"),
+        (router_unflattened, "flatten"),
+        (router_returns_probabilities, "probabilities"),
+        (router_softmax_twice, "softmax applied twice"),
+        (router_softmax_over_tokens, "not over the tokens"),
+        (router_smallest, "largest"),
+    ],
+    "check_dispatch": [
+        (dispatch_skips_idle, "receive no token"),
+        (dispatch_swapped, "swapped"),
+        (dispatch_first_choice, "first choice"),
+        (dispatch_tokens_only, "pair"),
+    ],
+    "check_combine": [
+        (combine_variant(use_gates=False), "by its gate"),
+        (combine_variant(swap=True), "SiLU goes on"),
+        (combine_variant(overwrite=True), "keeps only the last"),
+        (combine_variant(act=F.gelu), "not GELU"),
+        (combine_variant(up=False), "up projection"),
+        (combine_variant(divide=2), "not a mean"),
+        (combine_stacks_outputs, "idle expert must not break"),
+    ],
+    "check_moe_layer": [
+        (moe_class(router=router_raw_gates), "not renormalised"),
+        (moe_class(combine=combine_variant(use_gates=False)), "without their gates"),
+        (moe_class(dispatch=dispatch_bincount), "idle expert must not break"),
+        (moe_class(dispatch=dispatch_first_choice), "first choice"),
+        (moe_class(router_name="gate"), "router.weight"),
+        (moe_class(no_grad_routing=True), "no gradient"),
+        (moe_class(return_tuple=False), "tuple"),
+        (moe_class(flat_y=True), "reshape"),
+    ],
+    "check_layer_balance_loss": [
+        (balance_pooled, "pooled"),
+        (balance_top1_f, "top-1"),
+        (balance_summed_layers, "mean"),
+        (balance_item, "tensor"),
+        (balance_detached, "gradient"),
+    ],
 }
 
 

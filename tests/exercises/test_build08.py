@@ -12,8 +12,16 @@ import torch.nn.functional as F
 
 import lib.course.exercises.build08 as checks
 from lib.course.exercises import CheckReport
-from lib.course.exercises.build08 import (RECALL_RECIPE, RECALL_TASK, HybridConfig, LibDecoderBlock, LibMoE, PartSpec,
-                                   lib_parts, student_parts)
+from lib.course.exercises.build08 import (
+    RECALL_RECIPE,
+    RECALL_TASK,
+    HybridConfig,
+    LibDecoderBlock,
+    LibMoE,
+    PartSpec,
+    lib_parts,
+    student_parts,
+)
 from lib.mamba import MambaMixer
 
 PARTS = lib_parts()
@@ -56,8 +64,9 @@ def make_layer(block=MyResidualBlock, *, swap=False, bare=False, fallback=False,
             mixer = parts.MambaMixer(cfg.mamba())
             layer = mixer if bare else block(cfg.d_model, mixer)
         elif letter == "E":
-            layer = block(cfg.d_model, parts.MoE(cfg.d_model, expert_d_ff or cfg.expert_d_ff, cfg.num_experts,
-                                                 cfg.top_k))
+            layer = block(
+                cfg.d_model, parts.MoE(cfg.d_model, expert_d_ff or cfg.expert_d_ff, cfg.num_experts, cfg.top_k)
+            )
         elif fallback:
             layer = block(cfg.d_model, parts.MambaMixer(cfg.mamba()))
         else:
@@ -88,7 +97,7 @@ def hybrid(make=my_make_layer, *, fixed_plan=None, shared=False, final_norm=True
 
         def forward(self, idx):
             x = self.embed(idx)
-            for layer in (list(self.layers)[::-1] if reverse else self.layers):
+            for layer in list(self.layers)[::-1] if reverse else self.layers:
                 x = layer(x)
             if leak:  # normalised over (T, C): every position reads the whole sequence
                 return self.head(F.rms_norm(x, x.shape[1:], None, 1e-5) * self.norm.weight)
@@ -130,8 +139,12 @@ def train(model_cls=MyHybrid, *, step=True, shift=False, masked=True, one_batch=
 
 my_train_on_recall = train()
 
-SOLUTIONS = {"check_residual_block": MyResidualBlock, "check_make_layer": my_make_layer, "check_hybrid": MyHybrid,
-             "check_recall_training": my_train_on_recall}
+SOLUTIONS = {
+    "check_residual_block": MyResidualBlock,
+    "check_make_layer": my_make_layer,
+    "check_hybrid": MyHybrid,
+    "check_recall_training": my_train_on_recall,
+}
 
 
 # --------------------------------------------------------------------------- wrong versions
@@ -259,6 +272,7 @@ def test_a_later_step_says_which_earlier_step_is_unfinished():
     report = checks.check_recall_training(train(Unwritten))
     assert not report.passed and "Unwritten.__init__ is not written yet" in report.problem, report
     assert "finish that step first" in report.hint
+
     class UnwrittenBlock(nn.Module):
         def __init__(self, d_model, mixer):
             super().__init__()
@@ -271,9 +285,15 @@ def test_a_later_step_says_which_earlier_step_is_unfinished():
 # --------------------------------------------------------------------------- the loader
 def _notebook(path, cells):
     """A minimal .ipynb: cells = [(source, tags)]."""
-    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": tags}, "source": src, "outputs": [],
-                     "execution_count": None} for src, tags in cells],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [
+            {"cell_type": "code", "metadata": {"tags": tags}, "source": src, "outputs": [], "execution_count": None}
+            for src, tags in cells
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     path.write_text(json.dumps(nb))
 
 
@@ -289,19 +309,26 @@ def fake_specs(monkeypatch):
     module = types.ModuleType("fake_build_checks")
     exec(PASSING, {"CheckReport": CheckReport}, module.__dict__)
     monkeypatch.setitem(sys.modules, "fake_build_checks", module)
-    specs = tuple(PartSpec(s.letter, s.what, s.notebook, s.class_name, ("fake_build_checks", "check_fake"),
-                           s.stand_in, s.stand_in_name) for s in checks.PART_SPECS)
+    specs = tuple(
+        PartSpec(
+            s.letter, s.what, s.notebook, s.class_name, ("fake_build_checks", "check_fake"), s.stand_in, s.stand_in_name
+        )
+        for s in checks.PART_SPECS
+    )
     monkeypatch.setattr(checks, "PART_SPECS", specs)
     return specs
 
 
 def test_loader_keeps_parts_that_pass_and_replaces_the_rest_saying_why(tmp_path, fake_specs, capsys):
     # 03: passes; its check call and an untagged cell are not run
-    _notebook(tmp_path / "03-build-gpt.ipynb", [
-        ("import torch.nn as nn\nSEEN = []", ["part"]),
-        ("class MyDecoderBlock(nn.Module):\n    OK = True\n\ncheck_decoder_block(MyDecoderBlock)", ["part"]),
-        ("raise RuntimeError('an untagged cell must not run')", []),
-    ])
+    _notebook(
+        tmp_path / "03-build-gpt.ipynb",
+        [
+            ("import torch.nn as nn\nSEEN = []", ["part"]),
+            ("class MyDecoderBlock(nn.Module):\n    OK = True\n\ncheck_decoder_block(MyDecoderBlock)", ["part"]),
+            ("raise RuntimeError('an untagged cell must not run')", []),
+        ],
+    )
     # 06: defines the class but it fails its check
     _notebook(tmp_path / "06-build-mamba.ipynb", [("class MyMambaMixer:\n    OK = False", ["part"])])
     # 07: missing
@@ -335,7 +362,6 @@ def test_loader_runs_the_real_moe_check_on_this_tracks_own_solutions(tmp_path):
     unsolved, the stand-in is used and the report says not attempted."""
     import jupytext
     import nbformat
-
     from exercise_helpers import ROOT
 
     source = ROOT / "lessons" / "build" / "07-build-moe.md"

@@ -10,9 +10,9 @@ import re
 import jupytext
 import nbformat
 import pytest
+from exercise_helpers import ROOT, assert_names_the_mistake, assert_passes_and_refuses_the_stub, load_tool
 from nbclient import NotebookClient
 
-from exercise_helpers import ROOT, assert_names_the_mistake, assert_passes_and_refuses_the_stub, load_tool
 from lib.course.lessons import LESSONS
 
 BUILD = ROOT / "lessons" / "build"
@@ -24,15 +24,27 @@ MIN_WRONG_VERSIONS = 3
 def track_modules():
     """(NN, lib.course.exercises.buildNN, tests/exercises/test_buildNN) for every track: the checks, and
     the module that holds their SOLUTIONS and WRONG_VERSIONS."""
-    return [(t.name[:2], importlib.import_module(f"lib.course.exercises.build{t.name[:2]}"),
-             importlib.import_module(f"test_build{t.name[:2]}")) for t in TRACKS]
+    return [
+        (
+            t.name[:2],
+            importlib.import_module(f"lib.course.exercises.build{t.name[:2]}"),
+            importlib.import_module(f"test_build{t.name[:2]}"),
+        )
+        for t in TRACKS
+    ]
 
 
-SOLVED = [pytest.param(getattr(checks, name), solution, id=f"{nn}-{name}")
-          for nn, checks, tests in track_modules() for name, solution in tests.SOLUTIONS.items()]
-WRONG = [pytest.param(getattr(checks, name), wrong, words, id=f"{nn}-{name}-{i}-{getattr(wrong, '__name__', 'wrong')}")
-         for nn, checks, tests in track_modules() for name, versions in tests.WRONG_VERSIONS.items()
-         for i, (wrong, words) in enumerate(versions)]
+SOLVED = [
+    pytest.param(getattr(checks, name), solution, id=f"{nn}-{name}")
+    for nn, checks, tests in track_modules()
+    for name, solution in tests.SOLUTIONS.items()
+]
+WRONG = [
+    pytest.param(getattr(checks, name), wrong, words, id=f"{nn}-{name}-{i}-{getattr(wrong, '__name__', 'wrong')}")
+    for nn, checks, tests in track_modules()
+    for name, versions in tests.WRONG_VERSIONS.items()
+    for i, (wrong, words) in enumerate(versions)
+]
 
 
 def steps(track):
@@ -40,8 +52,13 @@ def steps(track):
 
 
 def step_cells(nb):
-    return [c for c in nb.cells if c.cell_type == "code" and re.search(r"^check_\w+\(", c.source, re.M)
-            and ("### BEGIN SOLUTION" in c.source or "raise NotImplementedError" in c.source)]
+    return [
+        c
+        for c in nb.cells
+        if c.cell_type == "code"
+        and re.search(r"^check_\w+\(", c.source, re.M)
+        and ("### BEGIN SOLUTION" in c.source or "raise NotImplementedError" in c.source)
+    ]
 
 
 def outputs_text(cell):
@@ -49,8 +66,13 @@ def outputs_text(cell):
 
 
 def errors(nb):
-    return [f"cell {i}: {o['ename']}: {o['evalue']}" for i, c in enumerate(nb.cells) if c.cell_type == "code"
-            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    return [
+        f"cell {i}: {o['ename']}: {o['evalue']}"
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
 
 
 def test_every_lesson_has_a_build_track():
@@ -63,8 +85,10 @@ def test_each_step_states_difficulty_minutes_and_points_and_holds_one_checked_so
     found = steps(track)
     assert len(found) >= 3, f"{track.name}: a build track takes the component in at least three steps"
     numbers = [(int(a), int(b)) for a, b, *_ in found]
-    assert all(a == int(track.name[:2]) for a, _ in numbers) and [b for _, b in numbers] == list(range(1, len(found) + 1))
-    for *_, title, level, minutes, points in found:
+    assert all(a == int(track.name[:2]) for a, _ in numbers) and [b for _, b in numbers] == list(
+        range(1, len(found) + 1)
+    )
+    for *_, title, _level, minutes, points in found:
         assert 5 <= int(minutes) <= 20, f"{title}: a step takes 5-20 minutes"
         assert int(points) >= 1
     nb = jupytext.read(track)
@@ -105,8 +129,9 @@ def solved_notebooks(tmp_path):
 
 def execute(path):
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
     return nb
 
 

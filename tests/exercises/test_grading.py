@@ -10,7 +10,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from exercise_helpers import ROOT
 
 pytest.importorskip("nbgrader")  # in the dev lock; a student's install has no grader
@@ -38,10 +37,14 @@ def course(tmp_path: Path, assignment: str) -> Path:
 
 
 def nbgrader(root: Path, *args: str) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1",  # two test workers share two cores
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",  # two test workers share two cores
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args], cwd=root, env=env, capture_output=True, text=True, timeout=900
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "ERROR" not in log, log
     return log
@@ -93,8 +96,7 @@ def test_autograde_gives_full_zero_and_partial_marks(tmp_path, assignment):
     graded = {check_of(i) for i in ids}
     assert scores(root, assignment, "ada") == {g: 1.0 for g in graded}
     assert scores(root, assignment, "ben") == {g: 0.0 for g in graded}
-    assert scores(root, assignment, "cy") == {g: float(g in {check_of(i) for i in partial})
-                                              for g in graded}
+    assert scores(root, assignment, "cy") == {g: float(g in {check_of(i) for i in partial}) for g in graded}
 
 
 def test_autograde_puts_back_deleted_cells_and_says_so(tmp_path):
@@ -104,9 +106,11 @@ def test_autograde_puts_back_deleted_cells_and_says_so(tmp_path):
     assignment = "lesson01"
     root = course(tmp_path, assignment)
     ids = sorted(solutions(assignment))
-    first_code = next(grade_id(c) for c in nbformat.read(
-        root / "release" / assignment / f"{notebook_name(assignment)}.ipynb", 4).cells
-        if c.cell_type == "code")
+    first_code = next(
+        grade_id(c)
+        for c in nbformat.read(root / "release" / assignment / f"{notebook_name(assignment)}.ipynb", 4).cells
+        if c.cell_type == "code"
+    )
     lost = {"dee": {check_of(ids[1])}, "eli": {ids[1], check_of(ids[1])}, "fay": {first_code}}
     for student, deleted in lost.items():
         submit(root, assignment, student, solved=ids, deleted=deleted)
@@ -118,17 +122,17 @@ def test_autograde_puts_back_deleted_cells_and_says_so(tmp_path):
     for student, deleted in lost.items():
         line = next(x for x in log.splitlines() if f"{student}'s" in x)
         assert "put back as released" in line and all(d in line for d in deleted), line
-        nb = nbformat.read(root / "autograded" / student / assignment /
-                           f"{notebook_name(assignment)}.ipynb", 4)
+        nb = nbformat.read(root / "autograded" / student / assignment / f"{notebook_name(assignment)}.ipynb", 4)
         order = [grade_id(c) for c in nb.cells]
-        released = [grade_id(c) for c in nbformat.read(
-            root / "release" / assignment / f"{notebook_name(assignment)}.ipynb", 4).cells]
+        released = [
+            grade_id(c)
+            for c in nbformat.read(root / "release" / assignment / f"{notebook_name(assignment)}.ipynb", 4).cells
+        ]
         assert [i for i in order if i] == released  # every cell back, in its place
         for d in deleted:
             at = order.index(d)
             assert nb.cells[at - 1].source == MISSING_NOTE.format(grade_id=d)
-    eli = nbformat.read(root / "autograded" / "eli" / assignment /
-                        f"{notebook_name(assignment)}.ipynb", 4)
+    eli = nbformat.read(root / "autograded" / "eli" / assignment / f"{notebook_name(assignment)}.ipynb", 4)
     stub = next(c for c in eli.cells if grade_id(c) == ids[1])
     assert "raise NotImplementedError" in stub.source  # the exercise comes back unsolved
     check = next(c for c in eli.cells if grade_id(c) == check_of(ids[1]))

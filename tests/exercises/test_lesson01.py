@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
-
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+
 from lib.attention import attention_ref
 from lib.course.exercises import CheckReport
-from lib.masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
 from lib.course.exercises.lesson01 import check_causal_mask, check_cross_attention_mask, check_masked_attention
+from lib.masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
 
 
 # ---------------------------------------------------------------- exercise 1.1
@@ -115,17 +115,20 @@ def _padding_on_rows(keep, T):  # the source's padding blocks query rows (only p
     return torch.zeros(keep.shape[0], 1, T, keep.shape[1]).masked_fill(keep[:, None, :, None] == 0, float("-inf"))
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (_with_triangle, "causal triangle"),
-    (lambda keep, T: combine_masks(causal_mask(T), padding_mask(keep)), "causal triangle"),
-    (_padding_on_rows, "masks query rows"),
-    (lambda keep, T: cross_attention_mask(keep, T).clamp_min(-1e9), "not -1e9"),
-    (lambda keep, T: padding_mask(keep), "(B, 1, 1, S) -> (B, 1, T, S)"),
-    (lambda keep, T: cross_attention_mask(keep, T)[0, 0], "keep the batch dimension"),
-    (lambda keep, T: cross_attention_mask(1 - keep, T), "inverted"),
-    (lambda keep, T: (keep == 1)[:, None, None, :].expand(-1, 1, T, -1), "not True/False"),
-    (lambda keep, T: cross_attention_mask(keep, T).double(), "expected torch.float32"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (_with_triangle, "causal triangle"),
+        (lambda keep, T: combine_masks(causal_mask(T), padding_mask(keep)), "causal triangle"),
+        (_padding_on_rows, "masks query rows"),
+        (lambda keep, T: cross_attention_mask(keep, T).clamp_min(-1e9), "not -1e9"),
+        (lambda keep, T: padding_mask(keep), "(B, 1, 1, S) -> (B, 1, T, S)"),
+        (lambda keep, T: cross_attention_mask(keep, T)[0, 0], "keep the batch dimension"),
+        (lambda keep, T: cross_attention_mask(1 - keep, T), "inverted"),
+        (lambda keep, T: (keep == 1)[:, None, None, :].expand(-1, 1, T, -1), "not True/False"),
+        (lambda keep, T: cross_attention_mask(keep, T).double(), "expected torch.float32"),
+    ],
+)
 def test_cross_attention_mask_check_names_the_mistake(wrong, words):
     assert_names_the_mistake(check_cross_attention_mask, wrong, words)
 

@@ -5,8 +5,8 @@ from functools import partial
 
 import pytest
 import torch
-
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+
 from lib.bert import mean_pool, mlm_corrupt
 from lib.course.exercises.lesson02 import check_mean_pool, check_mlm_corrupt, check_padding_mask
 from lib.masks import padding_mask
@@ -142,12 +142,15 @@ def test_mean_pool_check_passes_on_solutions_and_refuses_the_stub(solution):
     assert_passes_and_refuses_the_stub(check_mean_pool, solution)
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (lambda h, m: h.mean(1), "padding positions were averaged in"),
-    (lambda h, m: (h * m.unsqueeze(-1)).sum(1) / h.shape[1], "divided by T"),
-    (lambda h, m: mean_pool(h, m), "L2-normalised"),
-    (lambda h, m: h[:, 0], "[CLS]"),
-    (lambda h, m: h * m.unsqueeze(-1), "reduce dimension 1"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda h, m: h.mean(1), "padding positions were averaged in"),
+        (lambda h, m: (h * m.unsqueeze(-1)).sum(1) / h.shape[1], "divided by T"),
+        (lambda h, m: mean_pool(h, m), "L2-normalised"),
+        (lambda h, m: h[:, 0], "[CLS]"),
+        (lambda h, m: h * m.unsqueeze(-1), "reduce dimension 1"),
+    ],
+)
 def test_mean_pool_check_names_the_mistake(wrong, words):
     assert_names_the_mistake(check_mean_pool, wrong, words)

@@ -3,10 +3,14 @@ names the mistake, pass on lib."""
 
 import pytest
 import torch
-
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+
 from lib.course.exercises.lesson03 import (
-    check_clm_loss, check_repetition_penalty, check_rope, check_top_p_filter, repetition_penalty_ref,
+    check_clm_loss,
+    check_repetition_penalty,
+    check_rope,
+    check_top_p_filter,
+    repetition_penalty_ref,
 )
 from lib.gpt import clm_loss
 from lib.rope import apply_rope, rope_cos_sin
@@ -58,11 +62,13 @@ def _rope_interleaved(x, positions):
     D = x.shape[-1]
     theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     angles = (positions.double()[:, None] * theta[None, :]).repeat_interleave(2, dim=-1)
-    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
     return (x.double() * angles.cos() + torch.cat([-x2, x1], dim=-1).double() * angles.sin()).float()
 
 
-@pytest.mark.parametrize("wrong, words", [(_rope_interleaved, "repeat-interleaved"), (lambda x, p: x, "equals the input")])
+@pytest.mark.parametrize(
+    "wrong, words", [(_rope_interleaved, "repeat-interleaved"), (lambda x, p: x, "equals the input")]
+)
 def test_rope_check_names_the_mistake(wrong, words):
     report = check_rope(wrong)
     assert not report.passed and words in report.hint, report
@@ -105,13 +111,16 @@ def _in_place(logits, input_ids, penalty):
     return logits.copy_(repetition_penalty_ref(logits, input_ids, penalty))
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (_divides_every_seen, "multiply negative ones"),
-    (lambda l, ids, p: repetition_penalty_ref(l, ids, 1 / p), "backwards"),
-    (_once_per_occurrence, "penalise each token once"),
-    (_contexts_pooled, "each row has its own context"),
-    (lambda l, ids, p: torch.where(l > 0, l / p, l * p), "not the whole vocabulary"),
-    (_in_place, "work on a copy"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (_divides_every_seen, "multiply negative ones"),
+        (lambda l, ids, p: repetition_penalty_ref(l, ids, 1 / p), "backwards"),
+        (_once_per_occurrence, "penalise each token once"),
+        (_contexts_pooled, "each row has its own context"),
+        (lambda l, ids, p: torch.where(l > 0, l / p, l * p), "not the whole vocabulary"),
+        (_in_place, "work on a copy"),
+    ],
+)
 def test_repetition_penalty_check_names_the_mistake(wrong, words):
     assert_names_the_mistake(check_repetition_penalty, wrong, words)

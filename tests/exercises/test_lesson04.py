@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+
 from lib.attention import attention, attention_ref
 from lib.course.exercises.lesson04 import check_cache_update, check_gqa_attention, check_kv_cache_bytes
 from lib.kv_cache import kv_cache_bytes
@@ -26,11 +26,14 @@ def test_lesson04_checks_pass_on_lib_and_fail_on_the_stub():
         assert not report.passed and "not attempted" in repr(report)
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (lambda L, B, S, H, D, b: L * B * S * H * D * b, "keys AND values"),
-    (lambda L, B, S, H, D, b: 2 * L * B * S * H * D, "multiply by bytes_per_elem"),
-    (lambda L, B, S, H, D, b: float(2 * L * B * S * H * D * b), "int"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda L, B, S, H, D, b: L * B * S * H * D * b, "keys AND values"),
+        (lambda L, B, S, H, D, b: 2 * L * B * S * H * D, "multiply by bytes_per_elem"),
+        (lambda L, B, S, H, D, b: float(2 * L * B * S * H * D * b), "int"),
+    ],
+)
 def test_kv_cache_bytes_check_names_the_mistake(wrong, words):
     report = check_kv_cache_bytes(wrong)
     assert not report.passed and words in (report.hint or "") + (report.problem or ""), report
@@ -55,8 +58,15 @@ def _returns_concatenated(k_cache, v_cache, start, k, v):
     return torch.cat([k_cache[:, :, :start], k], dim=2), torch.cat([v_cache[:, :, :start], v], dim=2)
 
 
-@pytest.mark.parametrize("wrong, words", [(_returns_new_only, "every position so far"), (_not_in_place, "in place"),
-                                          (_returns_copies, "return views"), (_returns_concatenated, "return views")])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (_returns_new_only, "every position so far"),
+        (_not_in_place, "in place"),
+        (_returns_copies, "return views"),
+        (_returns_concatenated, "return views"),
+    ],
+)
 def test_cache_update_check_names_the_mistake(wrong, words):
     report = check_cache_update(wrong)
     assert not report.passed and words in report.hint, report
@@ -77,19 +87,26 @@ def _gqa(q, k, v, causal, widen="repeat_interleave", scale=True, align="bottom-r
     return torch.softmax(scores, dim=-1) @ v
 
 
-@pytest.mark.parametrize("solution", [
-    _gqa, lambda q, k, v, causal: attention(q, k, v, causal=causal, backend="naive"),
-])
+@pytest.mark.parametrize(
+    "solution",
+    [
+        _gqa,
+        lambda q, k, v, causal: attention(q, k, v, causal=causal, backend="naive"),
+    ],
+)
 def test_gqa_check_passes_on_solutions_and_refuses_the_stub(solution):
     assert_passes_and_refuses_the_stub(check_gqa_attention, solution)
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (lambda q, k, v, c: _gqa(q, k, v, c, widen="repeat"), "repeat_interleave, not repeat"),
-    (lambda q, k, v, c: _gqa(q, k, v, c, scale=False), "1/√D"),
-    (lambda q, k, v, c: _gqa(q, k, v, c, align="top-left"), "the LAST T positions"),
-    (lambda q, k, v, c: _gqa(q, k, v, c, align=None), "causal=True"),
-    (lambda q, k, v, c: attention_ref(q[:, :k.shape[1]], k, v, causal=c), "one output per query head"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda q, k, v, c: _gqa(q, k, v, c, widen="repeat"), "repeat_interleave, not repeat"),
+        (lambda q, k, v, c: _gqa(q, k, v, c, scale=False), "1/√D"),
+        (lambda q, k, v, c: _gqa(q, k, v, c, align="top-left"), "the LAST T positions"),
+        (lambda q, k, v, c: _gqa(q, k, v, c, align=None), "causal=True"),
+        (lambda q, k, v, c: attention_ref(q[:, : k.shape[1]], k, v, causal=c), "one output per query head"),
+    ],
+)
 def test_gqa_check_names_the_mistake(wrong, words):
     assert_names_the_mistake(check_gqa_attention, wrong, words)

@@ -3,16 +3,18 @@ names the mistake, pass on lib."""
 
 import pytest
 import torch
-
-from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
-from lib.attention import online_softmax_update
-from lib.course.exercises.lesson05 import (
-    check_key_block_bounds, check_merge_attention, check_online_softmax_update, check_row_logsumexp,
-)
-from lib.kernels import key_block_bounds
-
 import triton  # noqa: E402  (after lib, which switches triton to its interpreter without a GPU)
 import triton.language as tl  # noqa: E402
+from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses_the_stub, stub
+
+from lib.attention import online_softmax_update
+from lib.course.exercises.lesson05 import (
+    check_key_block_bounds,
+    check_merge_attention,
+    check_online_softmax_update,
+    check_row_logsumexp,
+)
+from lib.kernels import key_block_bounds
 
 
 @triton.jit
@@ -30,9 +32,11 @@ def _lse_kernel(X, OUT, n_cols, stride_row, BLOCK: tl.constexpr, TAIL: tl.conste
 def _lse(tail=float("-inf"), stable=True):
     def run(x):
         out = torch.empty(x.shape[0], device=x.device)
-        _lse_kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=triton.next_power_of_2(x.shape[1]),
-                                   TAIL=tail, STABLE=stable)
+        _lse_kernel[(x.shape[0],)](
+            x, out, x.shape[1], x.stride(0), BLOCK=triton.next_power_of_2(x.shape[1]), TAIL=tail, STABLE=stable
+        )
         return out
+
     return run
 
 
@@ -82,37 +86,65 @@ def _unguarded(m, l, acc, s, v):
     return m_new, l * c + p.sum(-1, keepdim=True), acc * c + p @ v
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (_no_rescale_l, "multiply l by exp(m_old - m_new)"),
-    (_no_rescale_acc, "rescale the old acc"),
-    (_normalised, "keep acc unnormalised"),
-    (_unguarded, "exp(-inf - (-inf)) is NaN"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (_no_rescale_l, "multiply l by exp(m_old - m_new)"),
+        (_no_rescale_acc, "rescale the old acc"),
+        (_normalised, "keep acc unnormalised"),
+        (_unguarded, "exp(-inf - (-inf)) is NaN"),
+    ],
+)
 def test_online_softmax_check_names_the_mistake(wrong, words):
     report = check_online_softmax_update(wrong)
     assert not report.passed and words in report.hint, report
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (lambda i, T, bm, bn, c: key_block_bounds(i, T, bm, bn, c) if not c else
-     ((i * bm) // bn, min((i + 1) * bm, T) // bn), "one key block short"),
-    (lambda i, T, bm, bn, c: key_block_bounds(i, T, bm, bn, c) if c else (-(-T // bn), -(-T // bn)),
-     "partial last key block"),
-    (lambda i, T, bm, bn, c: key_block_bounds(i, T, bm, bn, c) if not c else  # n_end not capped at T
-     (key_block_bounds(i, T, bm, bn, c)[0], -(-((i + 1) * bm) // bn)), "capped at T - 1"),
-    (lambda i, T, bm, bn, c: key_block_bounds(i, T, bm, bn, c) if not c else
-     (key_block_bounds(i, T, bm, bn, c)[1], key_block_bounds(i, T, bm, bn, c)[1]), "element mask"),
-    (lambda i, T, bm, bn, c: (T // bn, -(-T // bn)), "skip them"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (
+            lambda i, T, bm, bn, c: (
+                key_block_bounds(i, T, bm, bn, c) if not c else ((i * bm) // bn, min((i + 1) * bm, T) // bn)
+            ),
+            "one key block short",
+        ),
+        (
+            lambda i, T, bm, bn, c: key_block_bounds(i, T, bm, bn, c) if c else (-(-T // bn), -(-T // bn)),
+            "partial last key block",
+        ),
+        (
+            lambda i, T, bm, bn, c: (
+                key_block_bounds(i, T, bm, bn, c)
+                if not c
+                # n_end not capped at T
+                else (key_block_bounds(i, T, bm, bn, c)[0], -(-((i + 1) * bm) // bn))
+            ),
+            "capped at T - 1",
+        ),
+        (
+            lambda i, T, bm, bn, c: (
+                key_block_bounds(i, T, bm, bn, c)
+                if not c
+                else (key_block_bounds(i, T, bm, bn, c)[1], key_block_bounds(i, T, bm, bn, c)[1])
+            ),
+            "element mask",
+        ),
+        (lambda i, T, bm, bn, c: (T // bn, -(-T // bn)), "skip them"),
+    ],
+)
 def test_key_block_bounds_check_names_the_mistake(wrong, words):
     report = check_key_block_bounds(wrong)
     assert not report.passed and words in report.hint, report
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (_lse(tail=0.0), "other=float('-inf')"),
-    (_lse(stable=False), "tl.max(x) first"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (_lse(tail=0.0), "other=float('-inf')"),
+        (_lse(stable=False), "tl.max(x) first"),
+    ],
+)
 def test_row_logsumexp_check_names_the_mistake(wrong, words):
     report = check_row_logsumexp(wrong)
     assert not report.passed and words in report.hint, report
@@ -143,15 +175,20 @@ def _merge_by_exp(o1, lse1, o2, lse2):  # weights exp(lse_i): right in exact ari
     return (e1[..., None] * o1 + e2[..., None] * o2) / (e1 + e2)[..., None], torch.log(e1 + e2)
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (lambda o1, l1, o2, l2: _merge(o1, l1, o2, l2, guard=False), "exp(-inf - (-inf)) is NaN"),
-    (_merge_by_exp, "overflows float32"),
-    (lambda o1, l1, o2, l2: ((o1 + o2) / 2, torch.logaddexp(l1, l2)), "a plain average"),
-    (lambda o1, l1, o2, l2: (o1 * l1.exp()[..., None] + o2 * l2.exp()[..., None], torch.logaddexp(l1, l2)),
-     "divide by the total"),
-    (lambda o1, l1, o2, l2: (_merge(o1, l1, o2, l2)[0], torch.maximum(l1, l2)), "not the larger of the two"),
-    (lambda o1, l1, o2, l2: (_merge(o1, l1, o2, l2)[0], l1 + l2), "adding two logs"),
-    (lambda o1, l1, o2, l2: _merge(o1, l1, o2, l2)[0], "expected a tuple"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda o1, l1, o2, l2: _merge(o1, l1, o2, l2, guard=False), "exp(-inf - (-inf)) is NaN"),
+        (_merge_by_exp, "overflows float32"),
+        (lambda o1, l1, o2, l2: ((o1 + o2) / 2, torch.logaddexp(l1, l2)), "a plain average"),
+        (
+            lambda o1, l1, o2, l2: (o1 * l1.exp()[..., None] + o2 * l2.exp()[..., None], torch.logaddexp(l1, l2)),
+            "divide by the total",
+        ),
+        (lambda o1, l1, o2, l2: (_merge(o1, l1, o2, l2)[0], torch.maximum(l1, l2)), "not the larger of the two"),
+        (lambda o1, l1, o2, l2: (_merge(o1, l1, o2, l2)[0], l1 + l2), "adding two logs"),
+        (lambda o1, l1, o2, l2: _merge(o1, l1, o2, l2)[0], "expected a tuple"),
+    ],
+)
 def test_merge_attention_check_names_the_mistake(wrong, words):
     assert_names_the_mistake(check_merge_attention, wrong, words)

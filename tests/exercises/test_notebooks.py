@@ -1,4 +1,5 @@
-"""The generated exercise notebooks: current, unexecuted, a stub for every solution; each lesson's solutions pass their checks."""
+"""The generated exercise notebooks: current, unexecuted, a stub for every solution; each lesson's solutions
+pass their checks."""
 
 import importlib
 import re
@@ -7,8 +8,8 @@ import sys
 
 import nbformat
 import pytest
+from exercise_helpers import LESSONS, ROOT, load_tool
 
-from exercise_helpers import ROOT, LESSONS, load_tool
 from lib.course.exercises import ANSWERED_BY
 
 
@@ -23,8 +24,9 @@ def test_stub_generation_replaces_the_solution_block_at_its_indentation():
 
 
 def test_generated_exercise_notebooks_are_current():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "make_exercises.py"), "--check"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "make_exercises.py"), "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -60,12 +62,16 @@ def test_exercise_notebook_ships_unexecuted_with_stubs_for_every_solution(lesson
 
 def test_answer_cells_are_hidden_in_the_exercise_version_and_name_their_exercise(tmp_path):
     tool = load_tool("make_exercises")
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell("### Exercise 9.1 · something (easy, ~5 min)"),
-        nbformat.v4.new_code_cell("def my_f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n\ncheck_f(my_f)"),
-        nbformat.v4.new_code_cell("print(inspect.getsource(f))", metadata={"tags": ["answer"]}),
-        nbformat.v4.new_code_cell("print('after')"),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("### Exercise 9.1 · something (easy, ~5 min)"),
+            nbformat.v4.new_code_cell(
+                "def my_f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n\ncheck_f(my_f)"
+            ),
+            nbformat.v4.new_code_cell("print(inspect.getsource(f))", metadata={"tags": ["answer"]}),
+            nbformat.v4.new_code_cell("print('after')"),
+        ]
+    )
     path = tmp_path / "09-x.ipynb"
     nbformat.write(nb, path)
     out = nbformat.reads(tool.exercise_notebook(path), as_version=4)
@@ -158,10 +164,10 @@ def test_graded_cells_pass_the_solution_and_fail_a_wrong_answer():
     tool = load_tool("make_exercises")
     lesson = next(p for p in LESSONS if p.name.startswith("01-"))
     nb = nbformat.reads(tool.grading_path(lesson).read_text(), as_version=4)
-    pairs = [(nb.cells[i], nb.cells[i + 1]) for i, c in enumerate(nb.cells)
-             if c.metadata.get("nbgrader", {}).get("solution")]
-    namespace = {"torch": torch, "math": math, **{n: getattr(checks, n) for n in dir(checks)
-                                                   if n.startswith("check_")}}
+    pairs = [
+        (nb.cells[i], nb.cells[i + 1]) for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("solution")
+    ]
+    namespace = {"torch": torch, "math": math, **{n: getattr(checks, n) for n in dir(checks) if n.startswith("check_")}}
     for solution, graded in pairs:
         exec(solution.source, namespace)
         exec(graded.source, namespace)  # passes: no AssertionError

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """These tensors are tiny: a second intra-op thread only adds synchronisation, which on a busy
@@ -35,8 +36,11 @@ def scan_inputs(b=2, l=16, d=4, n=3, *, seed=0, dtype=torch.float32, delta=None,
     x = torch.randn(b, l, d, generator=g, dtype=dtype)
     if x_sign == "negative":
         x = -x.abs()
-    dl = F.softplus(torch.randn(b, l, d, generator=g, dtype=dtype) - 4.0) if delta is None else \
-        torch.full((b, l, d), float(delta), dtype=dtype)
+    dl = (
+        F.softplus(torch.randn(b, l, d, generator=g, dtype=dtype) - 4.0)
+        if delta is None
+        else torch.full((b, l, d), float(delta), dtype=dtype)
+    )
     A = -torch.arange(1, n + 1, dtype=dtype).repeat(d, 1) * torch.rand(d, 1, generator=g, dtype=dtype).add(0.5)
     B = torch.randn(b, l, n, generator=g, dtype=dtype)
     C = torch.randn(b, l, n, generator=g, dtype=dtype)
@@ -54,16 +58,24 @@ def bad_scan_cases():
     ok = dict(x=x, delta=delta, A=A, B=B, C=C, D=D)
     return [
         ("x rank", dict(ok, x=x[0]), ValueError, r"x must have shape \(B, L, D\)"),
-        ("delta shape", dict(ok, delta=delta[:, :5]), ValueError,
-         r"delta must have shape \(B, L, D\) = \(2, 6, 3\) like x, got \(2, 5, 3\)"),
+        (
+            "delta shape",
+            dict(ok, delta=delta[:, :5]),
+            ValueError,
+            r"delta must have shape \(B, L, D\) = \(2, 6, 3\) like x, got \(2, 5, 3\)",
+        ),
         ("A shape", dict(ok, A=A[:2]), ValueError, r"A must have shape \(D, N\) = \(3, 4\) with D = x.shape\[-1\]"),
         ("A rank", dict(ok, A=A[0]), ValueError, r"A must have shape \(D, N\)"),
         ("B shape", dict(ok, B=B[:, :, :3]), ValueError, r"B must have shape \(B, L, N\)"),
         ("C shape", dict(ok, C=C[:1]), ValueError, r"C must have shape \(B, L, N\)"),
         ("D shape", dict(ok, D=D[:2]), ValueError, r"D must have shape \(D,\)"),
         ("h0 shape", dict(ok, h0=h0[:, :, :2]), ValueError, r"h0 must have shape \(B, D, N\)"),
-        ("A zero", dict(ok, A=A.clone().index_fill_(1, torch.tensor([0]), 0.0)), ValueError,
-         r"A must be negative.*grow without bound"),
+        (
+            "A zero",
+            dict(ok, A=A.clone().index_fill_(1, torch.tensor([0]), 0.0)),
+            ValueError,
+            r"A must be negative.*grow without bound",
+        ),
         ("A positive", dict(ok, A=-A), ValueError, r"exp\(Δ·A\) must be < 1"),
         ("delta negative", dict(ok, delta=-delta), ValueError, r"delta must be >= 0"),
         ("x integer", dict(ok, x=torch.ones(2, 6, 3, dtype=torch.int64)), TypeError, r"x must have a floating dtype"),
@@ -74,8 +86,16 @@ def bad_scan_cases():
         ("z integer", dict(ok, z=x.long()), TypeError, r"z must have a floating dtype"),
         ("delta_bias shape", dict(ok, delta_bias=D[:2]), ValueError, r"delta_bias must have shape \(D,\) = \(3,\)"),
         ("delta_softplus not a bool", dict(ok, delta_softplus=1), TypeError, r"delta_softplus must be a bool"),
-        ("delta NaN under softplus", dict(ok, delta=delta.clone().fill_(float("nan")), delta_softplus=True),
-         ValueError, r"delta must not be NaN"),
-        ("delta + bias negative", dict(ok, delta_bias=-torch.ones(3)), ValueError,
-         r"delta \+ delta_bias must be >= 0.*delta_softplus=True"),
+        (
+            "delta NaN under softplus",
+            dict(ok, delta=delta.clone().fill_(float("nan")), delta_softplus=True),
+            ValueError,
+            r"delta must not be NaN",
+        ),
+        (
+            "delta + bias negative",
+            dict(ok, delta_bias=-torch.ones(3)),
+            ValueError,
+            r"delta \+ delta_bias must be >= 0.*delta_softplus=True",
+        ),
     ]

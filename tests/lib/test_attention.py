@@ -31,9 +31,11 @@ def rand(*shape, seed=0, scale=1.0, dtype=torch.float32):
 
 def qkv(B=2, H=4, T=37, S=None, D=16, H_kv=None, D_v=None, seed=0, scale=1.0, dtype=torch.float32):
     S, H_kv, D_v = S or T, H_kv or H, D_v or D
-    return (rand(B, H, T, D, seed=seed, scale=scale, dtype=dtype),
-            rand(B, H_kv, S, D, seed=seed + 1, scale=scale, dtype=dtype),
-            rand(B, H_kv, S, D_v, seed=seed + 2, dtype=dtype))
+    return (
+        rand(B, H, T, D, seed=seed, scale=scale, dtype=dtype),
+        rand(B, H_kv, S, D, seed=seed + 1, scale=scale, dtype=dtype),
+        rand(B, H_kv, S, D_v, seed=seed + 2, dtype=dtype),
+    )
 
 
 def err(x, truth):
@@ -58,7 +60,11 @@ CASES = {
     "negative scores": (dict(T=29, D=32, scale=-4.0), None, True),
     "padding both sides + causal": (dict(T=12), padding_mask(torch.tensor([[0, 0] + [1] * 9 + [0], [1] * 12])), True),
     "(T, S) sliding window": (dict(T=20), sliding_window_mask(20, 5), False),
-    "full (B, H, T, S) mask": (dict(B=2, H=4, T=9), torch.where(rand(2, 4, 9, 9, seed=9) > 0.8, float("-inf"), 0.0), False),
+    "full (B, H, T, S) mask": (
+        dict(B=2, H=4, T=9),
+        torch.where(rand(2, 4, 9, 9, seed=9) > 0.8, float("-inf"), 0.0),
+        False,
+    ),
 }
 
 
@@ -88,8 +94,13 @@ def test_half_precision_error_is_no_worse_than_pytorchs_own(dtype, backend):
 
 
 @given(
-    T=st.integers(1, 40), extra=st.integers(0, 20), D=st.sampled_from([1, 4, 16]),
-    block_q=st.integers(1, 17), block_k=st.integers(1, 17), causal=st.booleans(), seed=st.integers(0, 2**16),
+    T=st.integers(1, 40),
+    extra=st.integers(0, 20),
+    D=st.sampled_from([1, 4, 16]),
+    block_q=st.integers(1, 17),
+    block_k=st.integers(1, 17),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
 )
 def test_chunked_equals_reference_for_any_block_sizes(T, extra, D, block_q, block_k, causal, seed):
     q, k, v = qkv(B=1, H=2, T=T, S=T + extra, D=D, seed=seed)
@@ -99,11 +110,18 @@ def test_chunked_equals_reference_for_any_block_sizes(T, extra, D, block_q, bloc
 
 
 @given(
-    T=st.integers(2, 40), extra=st.integers(0, 12), block_q=st.integers(1, 9), block_k=st.integers(1, 17),
-    causal=st.booleans(), left=st.booleans(), seed=st.integers(0, 2**16), data=st.data(),
+    T=st.integers(2, 40),
+    extra=st.integers(0, 12),
+    block_q=st.integers(1, 9),
+    block_k=st.integers(1, 17),
+    causal=st.booleans(),
+    left=st.booleans(),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
 )
-def test_chunked_equals_reference_with_padding_masks_and_more_queries_than_a_block(T, extra, block_q, block_k, causal,
-                                                                                  left, seed, data):
+def test_chunked_equals_reference_with_padding_masks_and_more_queries_than_a_block(
+    T, extra, block_q, block_k, causal, left, seed, data
+):
     """A padding mask per sequence (left or right padded, any number of real keys, 1 up to all),
     several query blocks (T > block_q), keys beyond the queries: the same output as the reference,
     and rows that see no key (left padding under the causal mask) give exactly 0."""
@@ -115,7 +133,7 @@ def test_chunked_equals_reference_with_padding_masks_and_more_queries_than_a_blo
     keep = torch.zeros(2, S, dtype=torch.long)
     for b, n in enumerate(real):
         if left:
-            keep[b, S - n:] = 1
+            keep[b, S - n :] = 1
         else:
             keep[b, :n] = 1
     mask = padding_mask(keep)
@@ -262,12 +280,15 @@ def test_online_softmax_update_refuses_mismatched_shapes():
 
 
 # --------------------------------------------------------------------------- the backward, by its formulas
-@pytest.mark.parametrize("T, S, H_kv, causal, masked", [
-    (1, 1, 4, True, False),  # T = 1: one query, one key
-    (37, 37, 4, True, False),
-    (13, 29, 2, True, False),  # a decode-like query block at the end of a longer cache; grouped-query heads
-    (20, 20, 1, False, True),  # multi-query, a padding mask with fully masked rows
-])
+@pytest.mark.parametrize(
+    "T, S, H_kv, causal, masked",
+    [
+        (1, 1, 4, True, False),  # T = 1: one query, one key
+        (37, 37, 4, True, False),
+        (13, 29, 2, True, False),  # a decode-like query block at the end of a longer cache; grouped-query heads
+        (20, 20, 1, False, True),  # multi-query, a padding mask with fully masked rows
+    ],
+)
 def test_the_backward_formulas_are_autograds_gradients(T, S, H_kv, causal, masked):
     q, k, v = qkv(T=T, S=S, H_kv=H_kv, D=8, D_v=6, dtype=torch.float64)
     mask = None

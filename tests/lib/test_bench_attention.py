@@ -6,8 +6,17 @@ import json
 import pytest
 import torch
 
-from lib.course.bench.attention import (PUBLISHED_PEAKS, attention_flops, flash_traffic, main, markdown, naive_traffic,
-                                 published_card, roofline_ms, run)
+from lib.course.bench.attention import (
+    PUBLISHED_PEAKS,
+    attention_flops,
+    flash_traffic,
+    main,
+    markdown,
+    naive_traffic,
+    published_card,
+    roofline_ms,
+    run,
+)
 from lib.course.bench.memory import peak_rss_mib, peak_rss_table
 from lib.kernels import count_visited_tiles
 
@@ -22,7 +31,8 @@ def test_cpu_run_times_every_backend_and_says_it_is_scaled_down(tmp_path):
     results = run((16, 33), layers=1, heads=2, head_dim=16, repeats=1, device="cpu")
     assert results["scaled_down"] and "scaled down" in results["note"]
     assert {(r["backend"], r["seq_len"]) for r in results["rows"]} == {
-        (b, s) for b in ("naive", "sdpa", "chunked") for s in (16, 33)}
+        (b, s) for b in ("naive", "sdpa", "chunked") for s in (16, 33)
+    }
     for r in results["rows"]:
         assert "error" not in r and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and r["fwd_tflops"] > 0
     table = markdown(results)
@@ -39,8 +49,10 @@ def test_naive_traffic_counts_every_pass_and_its_intensity_does_not_grow_with_s(
     # QKᵀ writes the matrix; mask and softmax read and write it; PV reads it: 6 matrix passes, 4 of Q/K/V/O
     assert sum(passes.values()) == e * (6 * mat + 4 * vec)
     assert sum(naive_traffic(B, H, S, D, e, causal=False).values()) == e * (4 * mat + 4 * vec)
-    intensity = [attention_flops(1, 12, s, 64, True, False) / sum(naive_traffic(1, 12, s, 64, 2, True).values())
-                 for s in (2048, 8192, 32768)]
+    intensity = [
+        attention_flops(1, 12, s, 64, True, False) / sum(naive_traffic(1, 12, s, 64, 2, True).values())
+        for s in (2048, 8192, 32768)
+    ]
     assert max(intensity) - min(intensity) < 0.05 * min(intensity)  # both grow as S², the ratio is fixed
     assert max(intensity) < min(p["flops"] / p["bandwidth"] for p in PUBLISHED_PEAKS.values())  # memory-bound
 
@@ -68,8 +80,10 @@ def test_peak_memory_of_naive_attention_grows_quadratically_and_chunked_stays_sm
     pytest.importorskip("resource", reason="no peak-memory measure without the POSIX resource module")
     # T = 1024 and 2048: tens and hundreds of MiB, so the few MiB a busy process's allocator may page
     # in beside them (seen once at T = 512: 16.2 MiB instead of 12.2) cannot hide the growth
-    rows = {(r["backend"], r["seq_len"]): r["added_mib"]
-            for r in peak_rss_table(["naive", "chunked"], [1024, 2048], heads=4, head_dim=64)}
+    rows = {
+        (r["backend"], r["seq_len"]): r["added_mib"]
+        for r in peak_rss_table(["naive", "chunked"], [1024, 2048], heads=4, head_dim=64)
+    }
     one_matrix_mib = 4 * 2048 * 2048 * 4 / 2**20  # 4 heads of 2048 x 2048 float32
     assert 3.0 < rows["naive", 2048] / rows["naive", 1024] < 5.0  # doubling T: about 4x
     assert rows["naive", 2048] >= one_matrix_mib  # at least the scores themselves
@@ -88,7 +102,7 @@ def test_load_record_reads_committed_records_and_refuses_paths():
     for name in names:  # every committed record parses and says which machine and script made it
         record = load_record(name)
         assert isinstance(record, dict) and record.get("generated_by"), name
-        assert (record.get("device") or record.get("machine", {}).get("device")), name
+        assert record.get("device") or record.get("machine", {}).get("device"), name
     assert load_record("no_such_record") is None
     for bad in ("../README", "a/b", "", ".hidden", 3):
         with pytest.raises(ValueError, match="name must be"):

@@ -25,7 +25,9 @@ def test_kv_cache_benchmark_writes_its_record(tmp_path):
 
 def test_ssm_benchmark_writes_its_record(tmp_path):
     out = tmp_path / "ssm.json"
-    lib.course.bench.ssm.main(["--lengths", "40", "--repeats", "1", "--threads", "1", "--sweep", "8", "--out", str(out)])
+    lib.course.bench.ssm.main(
+        ["--lengths", "40", "--repeats", "1", "--threads", "1", "--sweep", "8", "--out", str(out)]
+    )
     r = json.loads(out.read_text())
     assert r["generated_by"] == "python -m lib.course.bench.ssm" and MACHINE_KEYS <= set(r["machine"])
     [row] = r["results"]
@@ -34,20 +36,27 @@ def test_ssm_benchmark_writes_its_record(tmp_path):
 
 
 def test_moe_benchmark_writes_its_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(lib.course.bench.moe, "SETTINGS", {"tiny": dict(tokens=64, d_model=16, d_ff=32, num_experts=4,
-                                                                  top_k=2)})
+    monkeypatch.setattr(
+        lib.course.bench.moe, "SETTINGS", {"tiny": dict(tokens=64, d_model=16, d_ff=32, num_experts=4, top_k=2)}
+    )
     out = tmp_path / "moe.json"
     lib.course.bench.moe.main(["--repeats", "2", "--threads", "1", "--out", str(out)])
     r = json.loads(out.read_text())
     assert r["generated_by"] == "python -m lib.course.bench.moe" and MACHINE_KEYS <= set(r["machine"])
     tiny = r["results"]["threads_1"]["tiny"]
-    assert set(tiny["seconds"]) == {"forward_loop", "forward_grouped", "forward_backward_loop",
-                                    "forward_backward_grouped", "forward_experts_only"}
+    assert set(tiny["seconds"]) == {
+        "forward_loop",
+        "forward_grouped",
+        "forward_backward_loop",
+        "forward_backward_grouped",
+        "forward_experts_only",
+    }
     assert all(len(v) == 2 for v in tiny["seconds"].values())
 
 
 def test_a_benchmark_leaves_torch_threads_as_it_found_them(tmp_path):
     before = torch.get_num_threads()
-    lib.course.bench.ssm.main(["--lengths", "8", "--repeats", "1", "--threads", str(before + 1), "--sweep",
-                        "--out", str(tmp_path / "s.json")])
+    lib.course.bench.ssm.main(
+        ["--lengths", "8", "--repeats", "1", "--threads", str(before + 1), "--sweep", "--out", str(tmp_path / "s.json")]
+    )
     assert torch.get_num_threads() == before

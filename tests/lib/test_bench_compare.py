@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from compare_builders import TINY
 
 import lib.course.bench
 import lib.course.bench.compare as bench
@@ -14,15 +15,17 @@ import lib.course.compare as compare
 from lib.course.compare import ARCHITECTURES, build_models
 from lib.gpt import GPT, GPTConfig
 from lib.mamba import SelectiveSSM
-from compare_builders import TINY
 
 
 def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
     out = bench.run(TINY)
     assert out["seeds"] == [0, 1]
     assert set(out["recall_accuracy"]) == set(ARCHITECTURES)
-    assert all(len(accs) == 2 and all(0.0 <= a <= 1.0 for a in accs)
-               for row in out["recall_accuracy"].values() for accs in row.values())
+    assert all(
+        len(accs) == 2 and all(0.0 <= a <= 1.0 for a in accs)
+        for row in out["recall_accuracy"].values()
+        for accs in row.values()
+    )
     assert list(out["copy_accuracy"]["GPT"]) == [str(2 * TINY.copy_data + b) for b in TINY.copy_eval_blanks]
     assert [len(c) for c in out["recall_loss"]["Mamba"]] == [1, 1]  # 3 steps: one mean of LOSS_EVERY
     assert out["state_bytes"]["Mamba"][0] == out["state_bytes"]["Mamba"][1]  # constant in the context
@@ -30,8 +33,11 @@ def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
     assert all(s > 0 for row in out["seconds_per_token"].values() for s in row)
     # seed 1's numbers are those of a run of seed 1 alone, and two processes give the run of one
     alone = bench.run(dataclasses.replace(TINY, seeds=(1,)), timing=False)
-    assert all(out["recall_accuracy"][n][k][1] == alone["recall_accuracy"][n][k][0]
-               for n in ARCHITECTURES for k in alone["recall_accuracy"][n])
+    assert all(
+        out["recall_accuracy"][n][k][1] == alone["recall_accuracy"][n][k][0]
+        for n in ARCHITECTURES
+        for k in alone["recall_accuracy"][n]
+    )
     assert out["recall_loss"]["GPT"][1] == alone["recall_loss"]["GPT"][0]
     # the state sweep: the setting's own d_state is the main Mamba; d_state = 2 is a Mamba with that state
     assert list(out["state_accuracy"]) == ["2", str(TINY.d_state)]
@@ -46,7 +52,11 @@ def test_a_whole_tiny_run_measures_everything(tmp_path, monkeypatch):
     saved = json.loads(path.read_text())
     assert saved["command"] == "python -m lib.course.bench.compare --setting tiny --jobs 2 --no-timing"
     assert "seconds_per_token" not in saved and saved["recall_accuracy"] == out["recall_accuracy"]
-    assert saved["setting"]["recall"]["GPT"]["lr"] == 1e-3 and saved["machine"]["torch_threads"] == 1 and saved["generated_by"] == "python -m lib.course.bench.compare"
+    assert (
+        saved["setting"]["recall"]["GPT"]["lr"] == 1e-3
+        and saved["machine"]["torch_threads"] == 1
+        and saved["generated_by"] == "python -m lib.course.bench.compare"
+    )
     monkeypatch.setattr(lib.course.bench, "BENCHMARKS", tmp_path)
     assert bench.load_results("full") is None
     # one command writes several records, each saying the command that writes it alone
@@ -90,7 +100,9 @@ def test_state_sweep_is_the_gpt_and_each_state_size_trained_on_recall():
     s = dataclasses.replace(TINY, state_sizes=(2, 1), seeds=(0, 1), recall_train_pairs=(1, 3))
     out = bench.state_sweep(s)
     assert list(out["recall_accuracy"]) == ["GPT", "Mamba (d_state 2)", "Mamba (d_state 1)"]
-    assert all(list(acc) == ["1", "3"] and all(len(v) == 2 for v in acc.values()) for acc in out["recall_accuracy"].values())
+    assert all(
+        list(acc) == ["1", "3"] and all(len(v) == 2 for v in acc.values()) for acc in out["recall_accuracy"].values()
+    )
     # each entry is the one run of that model, state size and seed: the parts computed alone agree
     alone = bench._train_one(s, 1, "recall", "Mamba", 1)
     assert [out["recall_accuracy"]["Mamba (d_state 1)"][k][1] for k in ("1", "3")] == list(alone["accuracy"].values())
@@ -104,8 +116,10 @@ def test_state_sweep_is_the_gpt_and_each_state_size_trained_on_recall():
 
 
 def test_learned_runs_keep_each_models_seeds_that_reached_the_threshold():
-    acc = {"GPT": {"4": [1.0, 1.0, 0.99], "16": [1.0, 0.98, 1.0]},
-           "Mamba (d_state 1)": {"4": [0.32, 0.98, 0.96], "16": [0.19, 0.79, 0.85]}}
+    acc = {
+        "GPT": {"4": [1.0, 1.0, 0.99], "16": [1.0, 0.98, 1.0]},
+        "Mamba (d_state 1)": {"4": [0.32, 0.98, 0.96], "16": [0.19, 0.79, 0.85]},
+    }
     good = compare.learned_runs(acc, 4)
     assert good["GPT"] == acc["GPT"]
     assert good["Mamba (d_state 1)"] == {"4": [0.98, 0.96], "16": [0.79, 0.85]}  # seed 0 left out everywhere
@@ -113,17 +127,21 @@ def test_learned_runs_keep_each_models_seeds_that_reached_the_threshold():
 
 
 def test_a_state_sweep_is_judged_on_the_runs_that_learned():
-    acc = {"GPT": {"4": [1.0, 1.0, 1.0], "16": [1.0, 1.0, 0.99]},
-           "Mamba (d_state 16)": {"4": [1.0, 1.0, 1.0], "16": [1.0, 0.97, 1.0]},
-           "Mamba (d_state 1)": {"4": [0.32, 0.98, 0.97], "16": [0.19, 0.79, 0.85]},
-           "Mamba (d_state 2)": {"4": [0.32, 0.98, 0.5], "16": [0.19, 0.79, 0.3]}}
+    acc = {
+        "GPT": {"4": [1.0, 1.0, 1.0], "16": [1.0, 1.0, 0.99]},
+        "Mamba (d_state 16)": {"4": [1.0, 1.0, 1.0], "16": [1.0, 0.97, 1.0]},
+        "Mamba (d_state 1)": {"4": [0.32, 0.98, 0.97], "16": [0.19, 0.79, 0.85]},
+        "Mamba (d_state 2)": {"4": [0.32, 0.98, 0.5], "16": [0.19, 0.79, 0.3]},
+    }
     j = compare.judge_state_sweep(acc, easiest=4, judged=(16,))
     assert list(j) == ["Mamba (d_state 16)", "Mamba (d_state 1)", "Mamba (d_state 2)"]
     assert j["Mamba (d_state 16)"] == dict(runs=(3, 3), at={"16": False})  # within the margin
     # the seed that never learned (32% at P = 4) is left out: the judgement rests on the two that did
     assert j["Mamba (d_state 1)"] == dict(runs=(2, 3), at={"16": True})
     assert j["Mamba (d_state 2)"] == dict(runs=(1, 3), at=None)  # one run decides nothing
-    assert compare.judge_state_sweep(acc, easiest=4, judged=(16,), min_runs=1)["Mamba (d_state 2)"]["at"] == {"16": True}
+    assert compare.judge_state_sweep(acc, easiest=4, judged=(16,), min_runs=1)["Mamba (d_state 2)"]["at"] == {
+        "16": True
+    }
     with pytest.raises(ValueError, match="attention must name a model"):
         compare.judge_state_sweep(acc, easiest=4, judged=(16,), attention="Transformer")
 

@@ -40,8 +40,9 @@ def test_timed_generate_times_every_decode_step(monkeypatch):
     ticks = iter(range(100))
     monkeypatch.setattr(bench, "clock", lambda: next(ticks))
     seen = []
-    total, step = bench.timed_generate(lambda on_token: seen.append(
-        generate(model, idx, 5, temperature=0.0, on_token=on_token)))
+    total, step = bench.timed_generate(
+        lambda on_token: seen.append(generate(model, idx, 5, temperature=0.0, on_token=on_token))
+    )
     assert seen[0].shape == (1, 8)
     assert (total, step) == (6, 1)
 

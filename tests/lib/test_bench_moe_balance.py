@@ -9,8 +9,8 @@ import torch
 
 import lib.course.bench.moe_balance as mb
 from lib.course.bench.moe_balance import CAPACITY_FACTOR, COLLAPSE_BUSIEST, collapsed, run, train_one
-from lib.moe_lm import drop_rate, train_moe_lm
 from lib.course.precision import default_dtype
+from lib.moe_lm import drop_rate, train_moe_lm
 
 TINY = dict(n_layer=1, n_embd=16, n_head=2, d_ff=16, num_experts=4, batch_size=2, seq_len=8)
 
@@ -31,8 +31,9 @@ def test_the_summary_at_the_lessons_length_is_that_of_a_run_trained_that_long():
     assert one["at_end"]["drop_rate_at_capacity"] == round(full_drops, 6)
     # each layer's f and P, the last 10 steps averaged: one layer of 4 experts, shares summing to 1
     for part in ("load", "prob"):
-        assert one["at_end"][part] == [[round(float(v), 4) for v in row]
-                                       for row in getattr(full_run, f"final_{part}")()]
+        assert one["at_end"][part] == [
+            [round(float(v), 4) for v in row] for row in getattr(full_run, f"final_{part}")()
+        ]
         assert len(one["at_end"][part]) == 1 and abs(sum(one["at_end"][part][0]) - 1) < 1e-3
     assert one["at_lesson_steps"] != one["at_end"]  # ten more steps moved the router
     assert one["curve_steps"] == [0, 10, 19] and len(one["busiest_curve"]) == len(one["busiest_prob_curve"]) == 3
@@ -61,9 +62,16 @@ def test_the_command_writes_a_record(tmp_path, monkeypatch):
     assert record["generated_by"] == "python -m lib.course.bench.moe_balance"
     monkeypatch.setattr(mb, "ALPHAS", (0.01,))
     monkeypatch.setattr(mb, "POOLED_ALPHAS", ())
-    monkeypatch.setattr(mb, "train_one", lambda alpha, seed, steps, **kw: {"alpha": alpha, "seed": seed,
-                                                                            "at_end": record["results"][0]["at_end"],
-                                                                            "seconds": 0.0})
+    monkeypatch.setattr(
+        mb,
+        "train_one",
+        lambda alpha, seed, steps, **kw: {
+            "alpha": alpha,
+            "seed": seed,
+            "at_end": record["results"][0]["at_end"],
+            "seconds": 0.0,
+        },
+    )
     out = tmp_path / "record.json"
     mb.main(["--seeds", "3", "--steps", "12", "--out", str(out)])
     written = json.loads(out.read_text())

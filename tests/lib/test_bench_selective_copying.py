@@ -7,7 +7,17 @@ import pytest
 import torch
 
 import lib.course.bench.selective_copying as sc
-from lib.course.bench.selective_copying import LESSON, LONG_STEPS, SEEDS, SHORTER_BLANKS, CopyRun, build, run, runs, train_one
+from lib.course.bench.selective_copying import (
+    LESSON,
+    LONG_STEPS,
+    SEEDS,
+    SHORTER_BLANKS,
+    CopyRun,
+    build,
+    run,
+    runs,
+    train_one,
+)
 from lib.mamba import MambaLM
 
 
@@ -17,8 +27,11 @@ def test_the_grid_covers_every_seed_model_and_length_once():
     for seed in SEEDS:
         for selective in (True, False):
             mine = {(r.n_blank, r.steps) for r in grid if r.seed == seed and r.selective == selective}
-            assert mine == {(LESSON["n_blank"], LESSON["steps"]), (LESSON["n_blank"], LONG_STEPS),
-                            *((b, LONG_STEPS) for b in SHORTER_BLANKS)}
+            assert mine == {
+                (LESSON["n_blank"], LESSON["steps"]),
+                (LESSON["n_blank"], LONG_STEPS),
+                *((b, LONG_STEPS) for b in SHORTER_BLANKS),
+            }
     assert LONG_STEPS > LESSON["steps"] and all(b < LESSON["n_blank"] for b in SHORTER_BLANKS)
     lesson_run = CopyRun(LESSON["n_blank"], True, LESSON["steps"], 0)
     assert {k: getattr(lesson_run, k) for k in LESSON} == LESSON  # CopyRun's defaults are the lesson's
@@ -42,20 +55,26 @@ def test_one_run_is_trained_measured_and_reproducible():
     assert first["seq_len"] == 7 and first["steps"] == 4 and first["selective"] is True
     assert 0.0 <= first["accuracy"] <= 1.0 and first["final_loss"] > 0
     assert {k: v for k, v in first.items() if k != "seconds"} == {k: v for k, v in second.items() if k != "seconds"}
-    other = train_one(CopyRun(n_blank=3, selective=True, steps=4, seed=2, n_data=2, n_symbols=4, d_model=8,
-                              batch_size=4))
+    other = train_one(
+        CopyRun(n_blank=3, selective=True, steps=4, seed=2, n_data=2, n_symbols=4, d_model=8, batch_size=4)
+    )
     assert other["final_loss"] != first["final_loss"]  # another seed, another run
 
 
 def test_the_command_writes_a_record(tmp_path, monkeypatch):
-    tiny = [CopyRun(n_blank=2, selective=s, steps=2, seed=0, n_data=1, n_symbols=3, d_model=8, batch_size=2)
-            for s in (True, False)]
+    tiny = [
+        CopyRun(n_blank=2, selective=s, steps=2, seed=0, n_data=1, n_symbols=3, d_model=8, batch_size=2)
+        for s in (True, False)
+    ]
     monkeypatch.setattr(sc, "runs", lambda seeds: tiny)
     lines = []
     record = run((0,), threads=1, progress=lines.append)
     assert [r["selective"] for r in record["results"]] == [True, False] and len(lines) == 2
     assert record["lesson"] == LESSON and record["long_steps"] == LONG_STEPS and record["seeds"] == [0]
-    assert record["machine"]["torch_threads"] == 1 and record["generated_by"] == "python -m lib.course.bench.selective_copying"
+    assert (
+        record["machine"]["torch_threads"] == 1
+        and record["generated_by"] == "python -m lib.course.bench.selective_copying"
+    )
     out = tmp_path / "record.json"
     sc.main(["--seeds", "0", "--threads", "1", "--out", str(out)])
     assert json.loads(out.read_text())["results"][0]["n_blank"] == 2

@@ -19,7 +19,9 @@ def test_side_by_side_alternates_and_times_each_run_alone():
     runs = {"fast": lambda: order.append("fast"), "slow": lambda: order.append("slow") or time.sleep(0.02)}
     out = side_by_side(runs, repeats=3, warmup=1)
     assert order == ["fast", "slow"] * 4  # one warm-up round, then three rounds, each run once in turn
-    assert all(s >= 0.02 for s in out["slow"]) and max(out["fast"]) < min(out["slow"])  # 20 ms: beyond a scheduler hiccup
+    assert all(s >= 0.02 for s in out["slow"]) and max(out["fast"]) < min(
+        out["slow"]
+    )  # 20 ms: beyond a scheduler hiccup
 
 
 def test_stopwatch_times_its_block_once_even_when_the_block_raises():

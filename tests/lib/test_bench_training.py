@@ -42,8 +42,12 @@ def test_it_trains_copies_on_the_same_batches_and_counts_their_tokens():
 
 
 def test_the_lessons_models_are_built_as_the_lessons_build_them():
-    built_as = {"03": (["GPT"], torch.float64), "06": (["Mamba"], torch.float64), "07": (["MoE GPT"], torch.float32),
-                "08": (["GPT", "Mamba", "MoE GPT", "Hybrid"], torch.float64)}
+    built_as = {
+        "03": (["GPT"], torch.float64),
+        "06": (["Mamba"], torch.float64),
+        "07": (["MoE GPT"], torch.float32),
+        "08": (["GPT", "Mamba", "MoE GPT", "Hybrid"], torch.float64),
+    }
     assert set(built_as) == set(LESSONS)  # every lesson the benchmark times is checked here
     for lesson, (names, dtype) in built_as.items():
         models, batches = lesson_cases(lesson, batches=2)

@@ -104,8 +104,13 @@ def corpus(n_rows=4000, T=256, seed=0):
 def test_mlm_corruption_shares_match_bert_on_a_million_tokens():
     ids = corpus()
     assert ids.numel() >= 1_000_000
-    corrupted, labels = mlm_corrupt(ids, mask_token_id=MASK_ID, vocab_size=VOCAB, special_token_ids=SPECIAL,
-                                    generator=torch.Generator().manual_seed(1))
+    corrupted, labels = mlm_corrupt(
+        ids,
+        mask_token_id=MASK_ID,
+        vocab_size=VOCAB,
+        special_token_ids=SPECIAL,
+        generator=torch.Generator().manual_seed(1),
+    )
     eligible = ~torch.isin(ids, torch.tensor(SPECIAL))
     selected = labels != -100
     n = selected.sum().item()
@@ -123,8 +128,13 @@ def test_mlm_corruption_shares_match_bert_on_a_million_tokens():
 def test_mlm_corruption_leaves_special_tokens_and_unselected_positions_alone():
     ids = corpus(n_rows=200)
     before = ids.clone()
-    corrupted, labels = mlm_corrupt(ids, mask_token_id=MASK_ID, vocab_size=VOCAB, special_token_ids=SPECIAL,
-                                    generator=torch.Generator().manual_seed(2))
+    corrupted, labels = mlm_corrupt(
+        ids,
+        mask_token_id=MASK_ID,
+        vocab_size=VOCAB,
+        special_token_ids=SPECIAL,
+        generator=torch.Generator().manual_seed(2),
+    )
     assert torch.equal(ids, before), "the input is not modified"
     special = torch.isin(ids, torch.tensor(SPECIAL))
     assert (labels[special] == -100).all() and torch.equal(corrupted[special], ids[special])
@@ -140,8 +150,20 @@ def test_mlm_corruption_extremes_and_determinism():
     assert torch.equal(same, ids) and (labels == -100).all()
     _, labels = mlm_corrupt(ids, mask_token_id=MASK_ID, vocab_size=VOCAB, special_token_ids=SPECIAL, prob=1.0)
     assert torch.equal(labels != -100, ~torch.isin(ids, torch.tensor(SPECIAL)))
-    a = mlm_corrupt(ids, mask_token_id=MASK_ID, vocab_size=VOCAB, special_token_ids=SPECIAL, generator=torch.Generator().manual_seed(5))
-    b = mlm_corrupt(ids, mask_token_id=MASK_ID, vocab_size=VOCAB, special_token_ids=SPECIAL, generator=torch.Generator().manual_seed(5))
+    a = mlm_corrupt(
+        ids,
+        mask_token_id=MASK_ID,
+        vocab_size=VOCAB,
+        special_token_ids=SPECIAL,
+        generator=torch.Generator().manual_seed(5),
+    )
+    b = mlm_corrupt(
+        ids,
+        mask_token_id=MASK_ID,
+        vocab_size=VOCAB,
+        special_token_ids=SPECIAL,
+        generator=torch.Generator().manual_seed(5),
+    )
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
@@ -155,8 +177,12 @@ def test_mlm_corruption_extremes_and_determinism():
     ],
 )
 def test_mlm_corrupt_rejects_bad_input(kwargs, error, words):
-    args = dict(input_ids=torch.ones(2, 3, dtype=torch.long) * 2000, mask_token_id=MASK_ID, vocab_size=VOCAB,
-                special_token_ids=SPECIAL)
+    args = dict(
+        input_ids=torch.ones(2, 3, dtype=torch.long) * 2000,
+        mask_token_id=MASK_ID,
+        vocab_size=VOCAB,
+        special_token_ids=SPECIAL,
+    )
     args.update(kwargs)
     ids = args.pop("input_ids")
     with pytest.raises(error, match=words):
@@ -184,7 +210,9 @@ def test_masked_lm_learns_to_fill_a_fixed_pattern():
     g = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(60):
-        corrupted, labels = mlm_corrupt(ids, mask_token_id=4, vocab_size=50, special_token_ids=[0, 1, 2, 3, 4], generator=g)
+        corrupted, labels = mlm_corrupt(
+            ids, mask_token_id=4, vocab_size=50, special_token_ids=[0, 1, 2, 3, 4], generator=g
+        )
         _, loss = model(corrupted, labels=labels)
         opt.zero_grad()
         loss.backward()
@@ -247,8 +275,13 @@ def test_mlm_corruption_is_uniform_over_tokens_and_positions_and_follows_its_gen
     vocab, special, mask_id = 50, [0, 1, 2, 3, 4], 4
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(5, vocab, (4000, 64), generator=g)
-    corrupted, labels = mlm_corrupt(ids, mask_token_id=mask_id, vocab_size=vocab, special_token_ids=special,
-                                    generator=torch.Generator().manual_seed(8))
+    corrupted, labels = mlm_corrupt(
+        ids,
+        mask_token_id=mask_id,
+        vocab_size=vocab,
+        special_token_ids=special,
+        generator=torch.Generator().manual_seed(8),
+    )
     selected = labels != -100
     # selection per position: each column holds 4000 eligible tokens, 15% expected selected
     per_position = selected.sum(0).double()
@@ -267,11 +300,21 @@ def test_mlm_corruption_is_uniform_over_tokens_and_positions_and_follows_its_gen
         assert chi2 < _chi2_critical(44), f"random replacements are not uniform (chi-squared {chi2:.1f})"
     # the generator, and only it, decides
     torch.manual_seed(123)
-    again = mlm_corrupt(ids, mask_token_id=mask_id, vocab_size=vocab, special_token_ids=special,
-                        generator=torch.Generator().manual_seed(8))
+    again = mlm_corrupt(
+        ids,
+        mask_token_id=mask_id,
+        vocab_size=vocab,
+        special_token_ids=special,
+        generator=torch.Generator().manual_seed(8),
+    )
     assert torch.equal(again[0], corrupted) and torch.equal(again[1], labels)
-    other = mlm_corrupt(ids, mask_token_id=mask_id, vocab_size=vocab, special_token_ids=special,
-                        generator=torch.Generator().manual_seed(9))
+    other = mlm_corrupt(
+        ids,
+        mask_token_id=mask_id,
+        vocab_size=vocab,
+        special_token_ids=special,
+        generator=torch.Generator().manual_seed(9),
+    )
     assert not torch.equal(other[1], labels)
 
 

@@ -9,9 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from lib.course.claims import (MIMETYPE, REQUIRED, SCALE, VERDICTS, Claim, arithmetic_if, check_required, claim,
-                        claims_in_notebook, needs_gpu, not_measurable, partly_reproduced_if, reproduced_if)
-from lib.course.claims import _verdict  # tests build every verdict directly; lessons go through the helpers
+from lib.course.claims import (
+    MIMETYPE,
+    REQUIRED,
+    SCALE,
+    VERDICTS,
+    Claim,
+    _verdict,  # tests build every verdict directly; lessons go through the helpers
+    arithmetic_if,
+    check_required,
+    claim,
+    claims_in_notebook,
+    needs_gpu,
+    not_measurable,
+    partly_reproduced_if,
+    reproduced_if,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("build_claims", ROOT / "tools" / "build_claims.py")
@@ -20,8 +33,12 @@ _spec.loader.exec_module(build_claims)
 
 
 def example(**changes) -> Claim:
-    fields = dict(statement="A 7B model's cache is 34.35 GB", source="an article", verdict=reproduced_if(True),
-                  evidence="measured 34.36 GB")
+    fields = dict(
+        statement="A 7B model's cache is 34.35 GB",
+        source="an article",
+        verdict=reproduced_if(True),
+        evidence="measured 34.36 GB",
+    )
     fields.update(changes)
     return claim(changes.pop("id", "kv-cache-7b-34gb"), **{k: v for k, v in fields.items() if k != "id"})
 
@@ -42,13 +59,18 @@ def test_claim_refuses_a_verdict_the_measurement_did_not_decide(verdict):
 
 
 def test_each_helper_decides_its_verdicts_from_the_measurement():
-    assert (partly_reproduced_if(True, True), partly_reproduced_if(False, True), partly_reproduced_if(False, False)) \
-        == ("reproduced", "partly reproduced", "contradicted")
+    assert (
+        partly_reproduced_if(True, True),
+        partly_reproduced_if(False, True),
+        partly_reproduced_if(False, False),
+    ) == ("reproduced", "partly reproduced", "contradicted")
     with pytest.raises(ValueError, match="every part holds but not some"):
         partly_reproduced_if(True, False)
     assert arithmetic_if(2 * 7 == 14) == "arithmetic" and arithmetic_if(2 * 7 == 15) == "contradicted"
-    assert needs_gpu("an A100 to time") == "needs a GPU" and not_measurable("no model is large enough") \
-        == "not measurable here"
+    assert (
+        needs_gpu("an A100 to time") == "needs a GPU"
+        and not_measurable("no model is large enough") == "not measurable here"
+    )
     for helper in (needs_gpu, not_measurable):
         with pytest.raises(TypeError, match="reason"):
             helper("  ")
@@ -96,8 +118,9 @@ def test_not_reproduced_at_this_scale_must_name_the_scale_that_would_decide_it(d
 
 
 def test_the_deciding_scale_joins_the_evidence_and_survives_the_round_trip():
-    made = example(verdict=reproduced_if(False, otherwise=SCALE, decided_at="BERT-base, 12 layers"),
-                   evidence="64-wide models")
+    made = example(
+        verdict=reproduced_if(False, otherwise=SCALE, decided_at="BERT-base, 12 layers"), evidence="64-wide models"
+    )
     assert made.evidence == "64-wide models; would be decided at: BERT-base, 12 layers"
     assert Claim.from_dict(made.to_dict()) == made
     with pytest.raises(ValueError, match="goes with otherwise"):
@@ -122,12 +145,19 @@ def test_display_bundle_is_readable_deterministic_and_round_trips():
 
 def test_claims_in_notebook_reads_displayed_claims_in_cell_order():
     a, b = example(), example(id="weights-7b-14gb")
-    nb = {"cells": [
-        {"cell_type": "markdown", "source": "x"},
-        {"cell_type": "code", "outputs": [{"output_type": "stream", "text": "hi"},
-                                          {"output_type": "execute_result", "data": b._repr_mimebundle_()}]},
-        {"cell_type": "code", "outputs": [{"output_type": "display_data", "data": a._repr_mimebundle_()}]},
-    ]}
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "source": "x"},
+            {
+                "cell_type": "code",
+                "outputs": [
+                    {"output_type": "stream", "text": "hi"},
+                    {"output_type": "execute_result", "data": b._repr_mimebundle_()},
+                ],
+            },
+            {"cell_type": "code", "outputs": [{"output_type": "display_data", "data": a._repr_mimebundle_()}]},
+        ]
+    }
     assert claims_in_notebook(nb) == [(1, b), (2, a)]
 
 
@@ -147,16 +177,21 @@ def test_every_required_claim_is_registered_exactly_once_by_the_lessons():
 
 
 def test_committed_ledger_is_what_the_notebooks_generate():
-    assert build_claims.LEDGER.read_text() == build_claims.render(build_claims.notebooks()), \
+    assert build_claims.LEDGER.read_text() == build_claims.render(build_claims.notebooks()), (
         "book/claims.md is stale: run python tools/build_claims.py"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "build_claims.py"), "--check"], capture_output=True,
-                          text=True)
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_claims.py"), "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_ledger_build_fails_loudly_without_a_required_claim(tmp_path):
-    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "display_data",
-                                                       "data": example()._repr_mimebundle_()}]}]}
+    nb = {
+        "cells": [
+            {"cell_type": "code", "outputs": [{"output_type": "display_data", "data": example()._repr_mimebundle_()}]}
+        ]
+    }
     path = tmp_path / "01-masking-equation.ipynb"
     path.write_text(json.dumps(nb))
     with pytest.raises(ValueError, match="required claims missing"):
@@ -200,8 +235,13 @@ def _value(v):
     import numpy as np
     import torch
 
-    named = {"numpy False": np.False_, "tensor False": torch.tensor(False), "numpy 0.0": np.float64(0.0),
-             "numpy True": np.True_, "tensor True": torch.tensor(True)}
+    named = {
+        "numpy False": np.False_,
+        "tensor False": torch.tensor(False),
+        "numpy 0.0": np.float64(0.0),
+        "numpy True": np.True_,
+        "tensor True": torch.tensor(True),
+    }
     return named.get(v, v) if isinstance(v, str) else v
 
 

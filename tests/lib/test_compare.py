@@ -5,16 +5,25 @@ import dataclasses
 
 import pytest
 import torch
+from compare_builders import TINY
 
 import lib.course.compare as compare
-from lib.course.compare import (ARCHITECTURES, MixedTask, Recipe, active_parameters, build_models, expert_scaling,
-                         forward_flops, parameter_table, scaling_exponent, train_all)
+from lib.course.compare import (
+    ARCHITECTURES,
+    MixedTask,
+    Recipe,
+    active_parameters,
+    build_models,
+    expert_scaling,
+    forward_flops,
+    parameter_table,
+    scaling_exponent,
+    train_all,
+)
 from lib.gpt import GPTConfig
 from lib.gpt import forward_flops as gpt_formula
-from lib.tasks import AssociativeRecall, SelectiveCopying
 from lib.mamba import SelectiveSSM
-
-from compare_builders import TINY
+from lib.tasks import AssociativeRecall, SelectiveCopying
 
 
 def test_the_four_models_are_matched_in_size_and_the_moe_in_active_parameters():
@@ -49,6 +58,7 @@ def test_build_model_builds_one_of_the_four_with_the_same_weights():
 
 def test_active_parameters_count_k_of_e_experts():
     from lib.moe_lm import moe_gpt
+
     config = GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8)
     m = moe_gpt(config, num_experts=4, top_k=1, d_ff=16)
     expert = 2 * 8 * 16
@@ -81,7 +91,7 @@ def test_flop_count_equals_the_gpt_formula_and_is_linear_for_mamba():
 
 def test_scaling_exponent_reads_the_power():
     xs = [10, 100, 1000]
-    assert scaling_exponent(xs, [x ** 2 for x in xs]) == pytest.approx(2.0)
+    assert scaling_exponent(xs, [x**2 for x in xs]) == pytest.approx(2.0)
     assert scaling_exponent(xs, [3 * x + 0 for x in xs]) == pytest.approx(1.0)
     assert scaling_exponent(xs, [5, 5, 5]) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="same length >= 2"):
@@ -156,9 +166,11 @@ def test_seed_ranges_and_gaps_that_no_seed_closes():
 
 
 def test_a_gap_is_judged_only_between_models_that_learned():
-    acc = {"GPT": {"4": [1.0, 1.0], "8": [1.0, 0.99], "16": [0.8, 0.9]},
-           "Mamba": {"4": [1.0, 0.97], "8": [0.7, 0.9], "16": [0.4, 0.5]},
-           "Hybrid": {"4": [0.3, 1.0], "8": [0.2, 1.0], "16": [0.1, 0.9]}}
+    acc = {
+        "GPT": {"4": [1.0, 1.0], "8": [1.0, 0.99], "16": [0.8, 0.9]},
+        "Mamba": {"4": [1.0, 0.97], "8": [0.7, 0.9], "16": [0.4, 0.5]},
+        "Hybrid": {"4": [0.3, 1.0], "8": [0.2, 1.0], "16": [0.1, 0.9]},
+    }
     j = compare.judge_gap(acc, "GPT", "Mamba", easiest=4, judged=(8, 16))
     assert j == dict(learned=True, not_learned=[], at={"8": True, "16": True})
     j = compare.judge_gap(acc, "GPT", "Mamba", easiest=4, judged=(8, 16), margin=0.1)

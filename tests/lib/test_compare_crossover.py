@@ -4,12 +4,11 @@ brute-force scan of the counter."""
 
 import pytest
 import torch
+from compare_builders import TINY
 
 from lib.course.compare import attention_crossover, attention_flop_split, build_models
 from lib.gpt import GPT, GPTConfig
 from lib.moe_lm import moe_gpt
-
-from compare_builders import TINY
 
 C = 8
 
@@ -40,8 +39,12 @@ def test_the_crossover_of_a_gpt_block_is_6c_and_twice_the_rest_at_12c():
 @pytest.mark.parametrize("ratio", [1, 2, 0.5])
 def test_the_crossover_is_the_first_length_a_scan_of_the_counter_finds(ratio):
     torch.manual_seed(0)
-    moe = moe_gpt(GPTConfig(vocab_size=12, block_size=256, n_layer=1, n_head=2, n_embd=C, positions="rope"),
-                  num_experts=4, top_k=2, d_ff=2 * C)
+    moe = moe_gpt(
+        GPTConfig(vocab_size=12, block_size=256, n_layer=1, n_head=2, n_embd=C, positions="rope"),
+        num_experts=4,
+        top_k=2,
+        d_ff=2 * C,
+    )
     for model in (_gpt(), moe):
         found = attention_crossover(model, ratio)
         assert found == _scan(model, ratio, found)  # none earlier, and this one

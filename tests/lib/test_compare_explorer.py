@@ -36,13 +36,23 @@ def _lesson_explorer(source_of_lesson: str) -> CompareView:
     cells = [c.source for c in nb.cells if c.cell_type == "code" and "CompareView(" in c.source]
     assert len(cells) == 1, "one cell builds the explorer"
     sentinel = 0.0123  # no record's accuracy
-    live = {task: {name: {k: sentinel for k in row} for name, row in FULL[f"{task}_accuracy"].items()}
-            for task in ("recall", "copy")}
+    live = {
+        task: {name: {k: sentinel for k in row} for name, row in FULL[f"{task}_accuracy"].items()}
+        for task in ("recall", "copy")
+    }
     lengths, contexts = FULL["setting"]["flop_lengths"], FULL["setting"]["memory_contexts"]
-    names = dict(full=FULL, recall_acc=live["recall"], copy_acc=live["copy"], lengths=lengths, contexts=contexts,
-                 flops={n: [1] * len(lengths) for n in FULL["flops"]},
-                 state={n: [1] * len(contexts) for n in FULL["state_bytes"]},
-                 CompareView=CompareView, explorer_results=explorer_results, print=lambda *a, **k: None)
+    names = dict(
+        full=FULL,
+        recall_acc=live["recall"],
+        copy_acc=live["copy"],
+        lengths=lengths,
+        contexts=contexts,
+        flops={n: [1] * len(lengths) for n in FULL["flops"]},
+        state={n: [1] * len(contexts) for n in FULL["state_bytes"]},
+        CompareView=CompareView,
+        explorer_results=explorer_results,
+        print=lambda *a, **k: None,
+    )
     exec(cells[0], names)
     return names["explorer"]
 
@@ -57,6 +67,5 @@ def test_lesson_08_explorer_draws_the_record_and_the_live_run_only_as_a_labelled
     for trace in record:
         row = FULL[f"{metric}_accuracy"][trace.name.split(" (")[0]]
         assert list(trace.y) == pytest.approx([_mean(v) for v in row.values()], rel=1e-3)
-        assert list(trace.error_y.arrayminus) == pytest.approx([_mean(v) - min(v) for v in row.values()],
-                                                               abs=1e-3)
+        assert list(trace.error_y.arrayminus) == pytest.approx([_mean(v) - min(v) for v in row.values()], abs=1e-3)
     assert all(t.line.dash == "dot" for t in live)  # the live run: dotted, named as such

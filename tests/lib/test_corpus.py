@@ -8,8 +8,16 @@ import pytest
 import torch
 
 from lib.bert import BertConfig, BertForMaskedLM, init_gradient_norms, predict_masked, train_mlm
-from lib.corpus import (ANIMAL_SOUNDS, INTENTS, SWAPPED_SOUNDS, CharVocab, WordVocab, fact_is_true, facts_corpus,
-                        intent_dataset)
+from lib.corpus import (
+    ANIMAL_SOUNDS,
+    INTENTS,
+    SWAPPED_SOUNDS,
+    CharVocab,
+    WordVocab,
+    fact_is_true,
+    facts_corpus,
+    intent_dataset,
+)
 
 
 def test_char_vocab_round_trips_the_corpus():
@@ -33,15 +41,18 @@ def test_every_generated_sentence_is_a_true_fact():
     assert animal_lines and not any(fact_is_true(s) for s in animal_lines)  # false under the real sounds
 
 
-@pytest.mark.parametrize("sentence", [
-    "the old dog meows in the barn .",  # wrong fact
-    "the old dog barks in the barn",  # no full stop
-    "the purple dog barks in the barn .",  # a word the templates never use
-    "a ripe lime is yellow .",
-    "ana went to the bakery on friday to buy meat .",
-    "ana went to the bakery on friday to buy br",
-    "",
-])
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "the old dog meows in the barn .",  # wrong fact
+        "the old dog barks in the barn",  # no full stop
+        "the purple dog barks in the barn .",  # a word the templates never use
+        "a ripe lime is yellow .",
+        "ana went to the bakery on friday to buy meat .",
+        "ana went to the bakery on friday to buy br",
+        "",
+    ],
+)
 def test_fact_checker_rejects_wrong_or_malformed_sentences(sentence):
     assert not fact_is_true(sentence)
 
@@ -77,8 +88,16 @@ def test_small_mlm_learns_which_animal_barks():
     ids, mask = vocab.encode(sents)
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig.tiny(vocab_size=len(vocab), max_position_embeddings=32, num_hidden_layers=4))
-    losses = train_mlm(model, ids, mask, mask_token_id=vocab.mask_id, special_token_ids=vocab.special_ids,
-                       steps=300, batch_size=128, lr=5e-3)  # the lesson's default run
+    losses = train_mlm(
+        model,
+        ids,
+        mask,
+        mask_token_id=vocab.mask_id,
+        special_token_ids=vocab.special_ids,
+        steps=300,
+        batch_size=128,
+        lr=5e-3,
+    )  # the lesson's default run
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
     test_ids, test_mask = vocab.encode(["a ripe banana is [MASK] ."])
     top, _ = predict_masked(model, test_ids, test_mask)
@@ -110,7 +129,7 @@ def test_init_gradient_norms_are_each_layers_gradient_norm_from_an_explicit_back
     grads = torch.autograd.grad(loss, [p for ps in params for p in ps])
     want, i = [], 0
     for ps in params:
-        want.append(torch.linalg.vector_norm(torch.cat([g_.flatten() for g_ in grads[i:i + len(ps)]])).item())
+        want.append(torch.linalg.vector_norm(torch.cat([g_.flatten() for g_ in grads[i : i + len(ps)]])).item())
         i += len(ps)
     assert norms == pytest.approx(want, rel=1e-5)
     assert len(set(round(n, 6) for n in norms)) == 3  # three different layers, so order and identity matter
@@ -137,13 +156,15 @@ def test_init_gradient_norms_of_the_ffn_output_matrix_are_its_gradient_under_tha
     w2 = [layer.output.dense.weight for layer in model.bert.encoder.layer]
     want = [gr.norm().item() for gr in torch.autograd.grad(loss, w2)]
     assert norms == pytest.approx(want, rel=1e-5)  # fp32, same ops in the same order
-    other = init_gradient_norms(config, batch=4, T=8, seed=5, init="bert" if init == "xavier" else "xavier",
-                                part="ffn_w2")
+    other = init_gradient_norms(
+        config, batch=4, T=8, seed=5, init="bert" if init == "xavier" else "xavier", part="ffn_w2"
+    )
     assert other != pytest.approx(norms, rel=1e-2)  # the init matters
 
 
-@pytest.mark.parametrize("kwargs, words", [({"init": "he"}, "init must be one of"),
-                                           ({"part": "attention"}, "part must be one of")])
+@pytest.mark.parametrize(
+    "kwargs, words", [({"init": "he"}, "init must be one of"), ({"part": "attention"}, "part must be one of")]
+)
 def test_init_gradient_norms_names_a_bad_choice(kwargs, words):
     with pytest.raises(ValueError, match=words):
         init_gradient_norms(BertConfig.tiny(), **kwargs)

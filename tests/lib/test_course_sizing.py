@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from lib.course.lessons import HEADROOM, LESSONS, READING_WPM, build_minutes, class_needs, lessons_markdown, measured, sizing_markdown, study_minutes
+from lib.course.lessons import (
+    HEADROOM,
+    LESSONS,
+    READING_WPM,
+    build_minutes,
+    class_needs,
+    lessons_markdown,
+    measured,
+    sizing_markdown,
+    study_minutes,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,8 +57,9 @@ def test_the_teachers_sizing_table_is_generated_from_the_record():
     page = (ROOT / "book" / "teaching.md").read_text()
     block = re.search(r"<!-- sizing:start[^>]*-->\n(.*?)\n<!-- sizing:end -->", page, re.S)
     assert block, "book/teaching.md has a generated sizing section"
-    assert block.group(1) == sizing_markdown(30), \
+    assert block.group(1) == sizing_markdown(30), (
         "run `make notebooks`, or `python tools/execute_lessons.py --tables` (it rewrites the section)"
+    )
     runs = measured()
     assert all(lesson.stem in runs for lesson in LESSONS)
     for lesson in LESSONS:
@@ -59,8 +70,9 @@ def test_the_readme_lesson_table_is_generated_and_links_what_exists():
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- lessons:start[^>]*-->\n(.*?)\n<!-- lessons:end -->", readme, re.S)
     assert block, "README.md has a generated lesson table"
-    assert block.group(1) == lessons_markdown(), \
+    assert block.group(1) == lessons_markdown(), (
         "run `python tools/execute_lessons.py --tables` after editing a lesson (it rewrites the table)"
+    )
     assert readme.index("<!-- lessons:start") < readme.index("## One command"), "the table comes first"
     for target in re.findall(r"\]\((lessons/[^)]+)\)", block.group(1)):
         assert (ROOT / target).is_file(), target
@@ -85,7 +97,8 @@ def test_build_minutes_sum_the_steps_stated_and_the_table_links_the_track(tmp_pa
     (tmp_path / "lessons" / "build").mkdir(parents=True)
     (tmp_path / "lessons" / "build" / "01-build-attention.md").write_text(
         "# t\n### Step 1.1 · scores (easy, ~5 min, 1 point)\nx\n### Step 1.2 · softmax (medium, ~15 min, 2 points)\n"
-        "### Exercise 1.9 · not a step (easy, ~30 min)\n")
+        "### Exercise 1.9 · not a step (easy, ~30 min)\n"
+    )
     assert build_minutes(lesson, tmp_path) == 20
     (tmp_path / "lessons" / f"{lesson.stem}.md").write_text("word")
     for other in LESSONS[1:]:

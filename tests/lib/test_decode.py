@@ -5,13 +5,13 @@ caches really allocate."""
 import pytest
 import torch
 
+from lib.course.precision import default_dtype
 from lib.decode import Decoder, decode_state_bytes, generate
 from lib.gpt import GPT, GPTConfig
 from lib.hybrid import HybridGPT
 from lib.kv_cache import KVCache
 from lib.mamba import MambaConfig, MambaLM, state_bytes
 from lib.moe_lm import moe_gpt
-from lib.course.precision import default_dtype
 
 
 def tiny_hybrid(pattern="MAM"):
@@ -23,14 +23,19 @@ def tiny_hybrid(pattern="MAM"):
 def decoders() -> dict:
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=20, block_size=48, n_layer=2, n_head=4, n_embd=32)
-    return {"GPT": GPT(config), "MoE GPT": moe_gpt(config, num_experts=4, top_k=2), "hybrid": tiny_hybrid(),
-            "Mamba": MambaLM(MambaConfig(vocab_size=20, d_model=32, n_layers=3, d_state=8))}
+    return {
+        "GPT": GPT(config),
+        "MoE GPT": moe_gpt(config, num_experts=4, top_k=2),
+        "hybrid": tiny_hybrid(),
+        "Mamba": MambaLM(MambaConfig(vocab_size=20, d_model=32, n_layers=3, d_state=8)),
+    }
 
 
 def held_bytes(caches) -> int:
     """Counted from the tensors themselves (a KV cache's k and v), not from any formula."""
-    return sum(c.k.numel() * c.k.element_size() * 2 if isinstance(c, KVCache) else c.conv.nbytes + c.ssm.nbytes
-               for c in caches)
+    return sum(
+        c.k.numel() * c.k.element_size() * 2 if isinstance(c, KVCache) else c.conv.nbytes + c.ssm.nbytes for c in caches
+    )
 
 
 @pytest.mark.parametrize("name", ["GPT", "MoE GPT", "hybrid", "Mamba"])
@@ -87,8 +92,12 @@ def test_generate_refuses_what_is_not_a_decoder_and_what_a_model_cannot_do():
     with pytest.raises(TypeError, match="model must be a decoder"):
         generate(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long), 1)
     with pytest.raises(ValueError, match="takes no padding"):
-        generate(decoders()["Mamba"], torch.zeros(2, 3, dtype=torch.long), 2,
-                 attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+        generate(
+            decoders()["Mamba"],
+            torch.zeros(2, 3, dtype=torch.long),
+            2,
+            attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]),
+        )
     mamba = decoders()["Mamba"]  # no context limit: far past any GPT's block_size
     assert generate(mamba, torch.zeros(1, 60, dtype=torch.long), 2).shape == (1, 62)
 

@@ -17,9 +17,12 @@ def test_doctor_reports_this_machine_and_every_lesson():
     assert ("none (CPU only)" in text) == (not torch.cuda.is_available())
     for lesson in LESSONS:
         assert f"{lesson.number:02d} {lesson.title}" in text
-    expected_mode = "compiled" if torch.cuda.is_available() and caps.triton else ("interpreter" if caps.triton else "unavailable")
+    expected_mode = (
+        "compiled" if torch.cuda.is_available() and caps.triton else ("interpreter" if caps.triton else "unavailable")
+    )
     assert caps.triton_mode == expected_mode
     from lib.kernels.scan_cpu import cpu_kernel_status
+
     assert caps.cpu_scan == cpu_kernel_status() and f"C scan loop (lesson 06): {caps.cpu_scan}" in text
 
 

@@ -5,8 +5,7 @@ import pytest
 import torch
 from transformers import BartConfig, BartForConditionalGeneration
 
-from lib.encdec import (EncDecConfig, EncoderDecoder, greedy_decode, greedy_decode_ref, reversal_batch,
-                        seq2seq_loss)
+from lib.encdec import EncDecConfig, EncoderDecoder, greedy_decode, greedy_decode_ref, reversal_batch, seq2seq_loss
 from lib.train import train
 
 V, S, T = 48, 11, 7  # lengths that are multiples of nothing in the model
@@ -16,9 +15,21 @@ def _bart(seed=0, **changes):
     torch.manual_seed(seed)
     # init_std 0.3 (BART's is 0.02): random weights large enough that the logits, and so the greedy
     # tokens, depend on the input instead of being one token everywhere
-    cfg = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
-               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=32,
-               dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, init_std=0.3)
+    cfg = dict(
+        vocab_size=V,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_position_embeddings=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        init_std=0.3,
+    )
     hf = BartForConditionalGeneration(BartConfig(**{**cfg, **changes})).eval()
     with torch.no_grad():
         hf.final_logits_bias.normal_(0, 0.1)  # zero in a fresh model: make it count
@@ -52,9 +63,12 @@ def test_scaled_embeddings_load_too():
     hf = _bart(scale_embedding=True)
     src, mask, tgt = _batch()
     with torch.no_grad():
-        torch.testing.assert_close(EncoderDecoder.from_bart(hf)(src, tgt, mask),
-                                   hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits,
-                                   rtol=1e-5, atol=1e-5)  # fp32, as above
+        torch.testing.assert_close(
+            EncoderDecoder.from_bart(hf)(src, tgt, mask),
+            hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits,
+            rtol=1e-5,
+            atol=1e-5,
+        )  # fp32, as above
 
 
 def test_greedy_decode_equals_the_reference_and_hugging_face_generate():
@@ -63,9 +77,19 @@ def test_greedy_decode_equals_the_reference_and_hugging_face_generate():
     src, mask, _ = _batch()
     fast = greedy_decode(ours, src, mask, max_new_tokens=9)
     assert torch.equal(fast, greedy_decode_ref(ours, src, mask, max_new_tokens=9))
-    theirs = hf.generate(src, attention_mask=mask, max_new_tokens=9, min_length=0, num_beams=1, do_sample=False,
-                         forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0,
-                         eos_token_id=None, pad_token_id=1)
+    theirs = hf.generate(
+        src,
+        attention_mask=mask,
+        max_new_tokens=9,
+        min_length=0,
+        num_beams=1,
+        do_sample=False,
+        forced_bos_token_id=None,
+        forced_eos_token_id=None,
+        no_repeat_ngram_size=0,
+        eos_token_id=None,
+        pad_token_id=1,
+    )
     assert torch.equal(fast, theirs)
     assert len(set(fast[:, 1:].flatten().tolist())) > 2  # the tokens depend on the input: not one token
 
@@ -118,7 +142,7 @@ def test_decoding_step_by_step_with_caches_gives_the_full_forward_logits():
         full = ours(src, tgt, mask)
         kv = ours.cross_kv(ours.encode(src, mask))
         caches = ours.new_caches(3, T)
-        steps = [ours.decode(tgt[:, t:t + 1], kv, mask, caches=caches, start=t) for t in range(T)]
+        steps = [ours.decode(tgt[:, t : t + 1], kv, mask, caches=caches, start=t) for t in range(T)]
     # fp32: one query row at a time sums the same terms as the full matrix, up to ~1e-7 each
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
@@ -130,22 +154,37 @@ def test_t5_and_other_bart_variants_are_refused_clearly():
         EncDecConfig.from_huggingface(BartConfig(encoder_attention_heads=4, decoder_attention_heads=2))
 
 
-@pytest.mark.parametrize("call, error, words", [
-    (lambda m: m(torch.zeros(2, 3), torch.zeros(2, 2, dtype=torch.long)), TypeError, "input_ids"),
-    (lambda m: m(torch.full((2, 3), V), torch.zeros(2, 2, dtype=torch.long)), ValueError, "vocab_size"),
-    (lambda m: m(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long),
-                 torch.ones(2, 4)), ValueError, "attention_mask"),
-    (lambda m: m.decode(torch.zeros(1, 2, dtype=torch.long), []), ValueError, "cross_kv"),
-    (lambda m: m.decode(torch.zeros(1, 2, dtype=torch.long), m.cross_kv(torch.zeros(1, 3, 32)), start=2),
-     ValueError, "caches"),
-    (lambda m: m.cross_kv(torch.zeros(1, 3, 16)), ValueError, "memory"),
-    (lambda m: greedy_decode(m, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=0), ValueError,
-     "max_new_tokens"),
-    (lambda m: greedy_decode(m, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=40), ValueError,
-     "max_position_embeddings"),
-    (lambda m: EncDecConfig(d_model=30, n_heads=4), ValueError, "divisible"),
-    (lambda m: EncDecConfig(pad_token_id=64), ValueError, "pad_token_id"),
-])
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (lambda m: m(torch.zeros(2, 3), torch.zeros(2, 2, dtype=torch.long)), TypeError, "input_ids"),
+        (lambda m: m(torch.full((2, 3), V), torch.zeros(2, 2, dtype=torch.long)), ValueError, "vocab_size"),
+        (
+            lambda m: m(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 4)),
+            ValueError,
+            "attention_mask",
+        ),
+        (lambda m: m.decode(torch.zeros(1, 2, dtype=torch.long), []), ValueError, "cross_kv"),
+        (
+            lambda m: m.decode(torch.zeros(1, 2, dtype=torch.long), m.cross_kv(torch.zeros(1, 3, 32)), start=2),
+            ValueError,
+            "caches",
+        ),
+        (lambda m: m.cross_kv(torch.zeros(1, 3, 16)), ValueError, "memory"),
+        (
+            lambda m: greedy_decode(m, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=0),
+            ValueError,
+            "max_new_tokens",
+        ),
+        (
+            lambda m: greedy_decode(m, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=40),
+            ValueError,
+            "max_position_embeddings",
+        ),
+        (lambda m: EncDecConfig(d_model=30, n_heads=4), ValueError, "divisible"),
+        (lambda m: EncDecConfig(pad_token_id=64), ValueError, "pad_token_id"),
+    ],
+)
 def test_bad_input_raises_a_clear_error(call, error, words):
     model = EncoderDecoder(EncDecConfig(vocab_size=V, max_position_embeddings=32))
     with pytest.raises(error, match=words):
@@ -164,8 +203,9 @@ def test_returned_cross_attention_weights_are_the_ones_used():
     for w in weights:
         assert w.shape == (3, 4, T, S)
         torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, T))  # each row a distribution
-        assert torch.equal(w.masked_select(mask[:, None, None, :].expand_as(w) == 0),
-                           torch.zeros(int((mask == 0).sum()) * 4 * T))  # padding columns get exactly 0
+        assert torch.equal(
+            w.masked_select(mask[:, None, None, :].expand_as(w) == 0), torch.zeros(int((mask == 0).sum()) * 4 * T)
+        )  # padding columns get exactly 0
 
 
 def test_reversal_batch_holds_each_source_backwards():
@@ -174,7 +214,7 @@ def test_reversal_batch_holds_each_source_backwards():
         n = int(keep.sum())
         assert keep[:n].all() and not keep[n:].any()  # right padding
         assert torch.equal(lab[:n], src[:n].flip(0)) and (lab[n:] == -100).all()
-        assert dec[0] == 2 and torch.equal(dec[1:n], lab[:n - 1])  # the target shifted right
+        assert dec[0] == 2 and torch.equal(dec[1:n], lab[: n - 1])  # the target shifted right
     assert torch.equal(reversal_batch(3)["input_ids"], reversal_batch(3)["input_ids"])
     with pytest.raises(ValueError, match="min_len"):
         reversal_batch(0, min_len=5, max_len=4)

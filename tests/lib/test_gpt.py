@@ -9,19 +9,31 @@ from transformers.utils import logging as hf_logging
 
 from lib.decode import generate
 from lib.gpt import GPT, Block, GPTConfig, clm_loss
-from lib.train import evaluate_loss, get_batch, train_lm
 from lib.kv_cache import KVCache
+from lib.train import evaluate_loss, get_batch, train_lm
 
 hf_logging.set_verbosity_error()  # a tiny vocabulary makes HF warn that GPT-2's bos/eos ids are out of range
 
 
 def hf_gpt2(seed=0, **changes):
     torch.manual_seed(seed)
-    cfg = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=101, n_positions=40, resid_pdrop=0.0, embd_pdrop=0.0,
-               attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = dict(
+        n_layer=2,
+        n_head=4,
+        n_embd=64,
+        vocab_size=101,
+        n_positions=40,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     cfg.update(changes)
     model = GPT2LMHeadModel(GPT2Config(**cfg)).eval()
-    with torch.no_grad():  # HF zero-initialises biases and LayerNorms: perturb them so a mixed-up bias or transpose shows
+    with (
+        torch.no_grad()
+    ):  # HF zero-initialises biases and LayerNorms: perturb them so a mixed-up bias or transpose shows
         for name, p in model.named_parameters():
             if name.endswith("bias") or ".ln_" in name:
                 p.add_(0.1 * torch.randn_like(p))
@@ -79,8 +91,12 @@ def test_activation_names_map_to_the_same_gelu(act):
 
 
 def test_unsupported_huggingface_options_are_refused():
-    for changes in (dict(scale_attn_weights=False), dict(scale_attn_by_inverse_layer_idx=True),
-                    dict(activation_function="relu"), dict(n_inner=100)):
+    for changes in (
+        dict(scale_attn_weights=False),
+        dict(scale_attn_by_inverse_layer_idx=True),
+        dict(activation_function="relu"),
+        dict(n_inner=100),
+    ):
         with pytest.raises(ValueError):
             GPT.from_huggingface(hf_gpt2(**changes))
 
@@ -200,7 +216,9 @@ def test_cached_logits_equal_full_forward_logits():
     caches = model.new_caches(2, 12)
     with torch.no_grad():
         full = model(idx)
-        parts = [model(idx[:, :5], caches=caches)] + [model(idx[:, t:t + 1], caches=caches, start=t) for t in range(5, 12)]
+        parts = [model(idx[:, :5], caches=caches)] + [
+            model(idx[:, t : t + 1], caches=caches, start=t) for t in range(5, 12)
+        ]
     # fp32: one query row at a time vs all rows at once; observed ~1e-6
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
     assert all(c.length == 12 for c in caches)
@@ -329,16 +347,16 @@ def test_left_padded_batch_continues_each_prompt_as_if_alone(positions, use_cach
     idx = torch.zeros(len(prompts), T, dtype=torch.long)
     keep = torch.zeros(len(prompts), T, dtype=torch.long)
     for b, p in enumerate(prompts):
-        idx[b, T - len(p):], keep[b, T - len(p):] = p, 1
+        idx[b, T - len(p) :], keep[b, T - len(p) :] = p, 1
     batch = generate(model, idx, 15, temperature=0.0, use_cache=use_cache, attention_mask=keep)
     for b, p in enumerate(prompts):
         alone = generate(model, p[None], 15, temperature=0.0, use_cache=use_cache)
-        assert torch.equal(batch[b, T:], alone[0, len(p):])
+        assert torch.equal(batch[b, T:], alone[0, len(p) :])
     with torch.no_grad():  # and the logits at real positions agree with the unpadded run
         full = model(idx, attention_mask=keep)
         for b, p in enumerate(prompts):
             # fp32: padding changes the reduction lengths and (RoPE) the absolute angles; observed ~1e-6
-            torch.testing.assert_close(full[b, T - len(p):], model(p[None])[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(full[b, T - len(p) :], model(p[None])[0], atol=1e-4, rtol=1e-4)
 
 
 def test_generate_starts_every_call_from_an_empty_cache():
@@ -381,6 +399,7 @@ def test_forward_flops_counts_what_the_reference_path_multiplies(T, S):
     from torch.utils.flop_counter import FlopCounterMode
 
     from lib.gpt import forward_flops
+
     cfg = GPTConfig.tiny(n_layer=2, n_embd=32, attention_backend="naive", block_size=32)
     model = GPT(cfg).eval()
     caches = model.new_caches(1, S)
@@ -406,8 +425,11 @@ def test_cached_generate_decodes_one_token_per_step_at_the_next_position(padded)
         mask[1, :2] = 0  # a left-padded row
     calls = []
     handle = model.register_forward_pre_hook(
-        lambda mod, args, kwargs: calls.append((tuple(args[0].shape), kwargs.get("start", 0),
-                                                kwargs.get("caches") is not None)), with_kwargs=True)
+        lambda mod, args, kwargs: calls.append(
+            (tuple(args[0].shape), kwargs.get("start", 0), kwargs.get("caches") is not None)
+        ),
+        with_kwargs=True,
+    )
     try:
         cached = generate(model, idx, 6, temperature=0, attention_mask=mask)
         assert calls == [((3, 5), 0, True)] + [((3, 1), 5 + step, True) for step in range(5)]

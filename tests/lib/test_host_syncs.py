@@ -69,12 +69,16 @@ def _sampled(model, **knobs):
     return lambda n: generate(model, IDX, n, generator=torch.Generator().manual_seed(1), **knobs)
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(),
-    dict(top_k=5, top_p=0.9, temperature=0.7),
-    dict(temperature=0, attention_mask=torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])),
-    dict(use_cache=False, top_p=0.8),
-], ids=["cached", "top-k and top-p", "left-padded greedy", "no cache"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(),
+        dict(top_k=5, top_p=0.9, temperature=0.7),
+        dict(temperature=0, attention_mask=torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])),
+        dict(use_cache=False, top_p=0.8),
+    ],
+    ids=["cached", "top-k and top-p", "left-padded greedy", "no cache"],
+)
 def test_gpt_decoding_asks_the_host_nothing_per_token(knobs):
     assert syncs_per_token(_sampled(_gpt(), **knobs)) == {}
 
@@ -125,8 +129,14 @@ def test_debug_is_a_switch_and_the_environment_sets_it():
     with pytest.raises(TypeError, match="on must be a bool"):
         lib.debug("yes")
     env = dict(os.environ, ONEMASK_DEBUG="1")
-    run = subprocess.run([sys.executable, "-c", "import lib; print(lib.debug())"], env=env, capture_output=True,
-                         text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    run = subprocess.run(
+        [sys.executable, "-c", "import lib; print(lib.debug())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )
     assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr
 
 

@@ -28,9 +28,9 @@ def test_cached_decoding_equals_recomputing(pattern, positions):
     # and the logits themselves, position by position, not only the argmax
     caches = model.new_caches(3, idx.shape[1] + 4)
     seq = torch.randint(0, 20, (3, idx.shape[1] + 4))
-    logits = [model(seq[:, :idx.shape[1]], caches=caches)]
+    logits = [model(seq[:, : idx.shape[1]], caches=caches)]
     for t in range(idx.shape[1], seq.shape[1]):
-        logits.append(model(seq[:, t:t + 1], caches=caches, start=t))
+        logits.append(model(seq[:, t : t + 1], caches=caches, start=t))
     # fp32, the same arithmetic in a different grouping (chunked scan vs one step): ~1e-6 measured
     torch.testing.assert_close(torch.cat(logits, 1), model(seq), atol=1e-5, rtol=1e-5)
 

@@ -76,12 +76,14 @@ def test_forward_and_gradients_match_the_reference_in_fp32(case):
     q, k = rand(B, H, T, D, seed=1, scale=scale), rand(B, H, T, D, seed=2, scale=scale)
     v, d_out = rand(B, H, T, D, seed=3), rand(B, H, T, D, seed=4)
 
-    truth = outputs_and_grads(lambda q, k, v: attention_ref(q, k, v, causal=causal),
-                              q.double(), k.double(), v.double(), d_out.double())
+    truth = outputs_and_grads(
+        lambda q, k, v: attention_ref(q, k, v, causal=causal), q.double(), k.double(), v.double(), d_out.double()
+    )
     ref = outputs_and_grads(lambda q, k, v: attention_ref(q, k, v, causal=causal), q, k, v, d_out)
-    got = outputs_and_grads(lambda q, k, v: flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n),
-                            q, k, v, d_out)
-    s_max = (q.double() @ k.double().transpose(-2, -1)).abs().max().item() / D ** 0.5
+    got = outputs_and_grads(
+        lambda q, k, v: flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n), q, k, v, d_out
+    )
+    s_max = (q.double() @ k.double().transpose(-2, -1)).abs().max().item() / D**0.5
     for name, g, r, t in zip(("O", "dQ", "dK", "dV"), got, ref, truth):
         assert g.shape == t.shape and g.dtype == torch.float32 and torch.isfinite(g).all(), name
         # fp32 vs fp32 with another summation order: twice the reference's own error against the
@@ -112,8 +114,13 @@ def test_non_contiguous_inputs_give_the_same_result_and_gradients():
     assert not q.is_contiguous()
     d_out = rand(B, H, T, D, seed=4).transpose(2, 3).contiguous().transpose(2, 3)  # a non-contiguous dO too
     got = outputs_and_grads(lambda q, k, v: flash_attention(q, k, v, causal=True), q, k, v, d_out)
-    want = outputs_and_grads(lambda q, k, v: flash_attention(q, k, v, causal=True),
-                             q.contiguous(), k.contiguous(), v.contiguous(), d_out.contiguous())
+    want = outputs_and_grads(
+        lambda q, k, v: flash_attention(q, k, v, causal=True),
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        d_out.contiguous(),
+    )
     for g, w in zip(got, want):
         assert torch.equal(g, w)
 
@@ -122,8 +129,9 @@ def test_non_contiguous_inputs_give_the_same_result_and_gradients():
 def test_default_scale_is_inverse_sqrt_d_and_a_given_scale_is_used():
     q, k, v = (rand(1, 2, 20, 16, seed=s) for s in (1, 2, 3))
     assert torch.allclose(flash_attention(q, k, v), attention_ref(q, k, v, causal=True), atol=1e-6, rtol=0)
-    assert torch.allclose(flash_attention(q, k, v, causal=False, sm_scale=0.5),
-                          attention_ref(q, k, v, scale=0.5), atol=1e-6, rtol=0)
+    assert torch.allclose(
+        flash_attention(q, k, v, causal=False, sm_scale=0.5), attention_ref(q, k, v, scale=0.5), atol=1e-6, rtol=0
+    )
 
 
 # --------------------------------------------------------------------------- the door
@@ -167,14 +175,15 @@ def test_auto_still_picks_sdpa_on_cpu(monkeypatch):
 def test_key_block_bounds_agree_with_a_brute_force_causal_mask(T, block_m, block_n):
     visible = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T): query i sees keys j <= i
     for i in range(-(-T // block_m)):
-        rows = visible[i * block_m:(i + 1) * block_m]  # the block's real queries
-        per_key_block = [rows[:, j:j + block_n] for j in range(0, T, block_n)]
+        rows = visible[i * block_m : (i + 1) * block_m]  # the block's real queries
+        per_key_block = [rows[:, j : j + block_n] for j in range(0, T, block_n)]
         n_full, n_end = key_block_bounds(i, T, block_m, block_n, causal=True)
         assert n_end == 1 + max(j for j, blk in enumerate(per_key_block) if blk.any())  # last block with a visible key
         # the unmasked prefix is exactly the leading run of whole key blocks every query here sees
         leading = 0
-        while leading < len(per_key_block) and per_key_block[leading].shape[1] == block_n \
-                and per_key_block[leading].all():
+        while (
+            leading < len(per_key_block) and per_key_block[leading].shape[1] == block_n and per_key_block[leading].all()
+        ):
             leading += 1
         assert n_full == leading
 
@@ -220,7 +229,11 @@ q0, k0, v0 = (rand(1, 2, 8, 16, seed=s) for s in (1, 2, 3))
         (dict(v=v0.half()), ValueError, "share one dtype"),
         (dict(q=q0.double(), k=k0.double(), v=v0.double()), TypeError, "float64"),
         (dict(q=torch.ones(1, 2, 8, 16, dtype=torch.int64)), TypeError, "floating dtype"),
-        (dict(q=q0.bfloat16(), k=k0.bfloat16(), v=v0.bfloat16()), ValueError, "bfloat16 is refused under the Triton interpreter"),
+        (
+            dict(q=q0.bfloat16(), k=k0.bfloat16(), v=v0.bfloat16()),
+            ValueError,
+            "bfloat16 is refused under the Triton interpreter",
+        ),
         (dict(q=q0.to("meta")), ValueError, "share one device"),
         (dict(q=q0.to("meta"), k=k0.to("meta"), v=v0.to("meta")), (ValueError, RuntimeError), "meta"),
         (dict(q=q0[:, :, :0], k=k0[:, :, :0], v=v0[:, :, :0]), ValueError, "empty"),
@@ -269,11 +282,21 @@ def test_import_switches_the_interpreter_on_without_a_gpu_and_works_without_trit
     )
     base = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     for variant, env in (("unset", base), ("off", {**base, "TRITON_INTERPRET": "0"}), ("no-triton", base)):
-        run = subprocess.run([sys.executable, "-c", script, variant], env=env, capture_output=True, text=True,
-                             timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        run = subprocess.run(
+            [sys.executable, "-c", script, variant],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        )
         assert run.returncode == 0, run.stderr
         if not torch.cuda.is_available():
-            expected = {"unset": "ran: (1, 1, 4, 16)", "off": "TRITON_INTERPRET=1", "no-triton": "needs the `triton` package"}
+            expected = {
+                "unset": "ran: (1, 1, 4, 16)",
+                "off": "TRITON_INTERPRET=1",
+                "no-triton": "needs the `triton` package",
+            }
             assert expected[variant] in run.stdout, run.stdout
 
 
@@ -295,8 +318,14 @@ def test_import_order_the_doctor_first_works_and_triton_first_is_refused_clearly
     )
     base = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     for variant, expected in (("doctor-first", "ran: (1, 1, 4, 16)"), ("triton-first", "import lib")):
-        run = subprocess.run([sys.executable, "-c", script, variant], env=base, capture_output=True, text=True,
-                             timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        run = subprocess.run(
+            [sys.executable, "-c", script, variant],
+            env=base,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        )
         assert run.returncode == 0, run.stderr
         assert expected in run.stdout, (variant, run.stdout)
 
@@ -310,10 +339,12 @@ def test_import_order_the_doctor_first_works_and_triton_first_is_refused_clearly
 def test_gpu_half_precision_error_is_no_worse_than_pytorchs_own(dtype, causal, T, D):
     dev = "cuda"
     q, k, v, d_out = (rand(2, 3, T, D, seed=s, dtype=dtype, device=dev) for s in (1, 2, 3, 4))
-    truth = outputs_and_grads(lambda q, k, v: attention_ref(q, k, v, causal=causal),
-                              q.float(), k.float(), v.float(), d_out.float())
-    torch_same = outputs_and_grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                   q, k, v, d_out)
+    truth = outputs_and_grads(
+        lambda q, k, v: attention_ref(q, k, v, causal=causal), q.float(), k.float(), v.float(), d_out.float()
+    )
+    torch_same = outputs_and_grads(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, d_out
+    )
     got = outputs_and_grads(lambda q, k, v: flash_attention(q, k, v, causal=causal), q, k, v, d_out)
     for name, g, s, t in zip(("O", "dQ", "dK", "dV"), got, torch_same, truth):
         assert g.dtype == dtype and torch.isfinite(g).all(), name
@@ -326,8 +357,9 @@ def test_gpu_half_precision_error_is_no_worse_than_pytorchs_own(dtype, causal, T
 @pytest.mark.parametrize("causal", [True, False])
 def test_gpu_fp32_is_full_precision_not_tf32(causal):
     q, k, v, d_out = (rand(2, 2, 300, 64, seed=s, device="cuda") for s in (1, 2, 3, 4))
-    truth = outputs_and_grads(lambda q, k, v: attention_ref(q, k, v, causal=causal),
-                              q.double(), k.double(), v.double(), d_out.double())
+    truth = outputs_and_grads(
+        lambda q, k, v: attention_ref(q, k, v, causal=causal), q.double(), k.double(), v.double(), d_out.double()
+    )
     got = outputs_and_grads(lambda q, k, v: flash_attention(q, k, v, causal=causal), q, k, v, d_out)
     for name, g, t in zip(("O", "dQ", "dK", "dV"), got, truth):
         # tf32 would be off by ~1e-3; ieee fp32 stays near 1e-6

@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 
 from lib.kv_cache import (
     DTYPE_BYTES,
-    KVCache,
-    dtype_bytes,
     GB,
     GIB,
     GPU_MEMORY_GB,
@@ -20,6 +18,7 @@ from lib.kv_cache import (
     KVCache,
     ModelShape,
     bytes_per_element,
+    dtype_bytes,
     estimate_params,
     format_bytes,
     gpu_memory_bytes,
@@ -31,7 +30,11 @@ from lib.kv_cache import (
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 SHAPES = [  # (n_layers, batch, seq_len, n_kv_heads, head_dim)
-    (1, 1, 1, 1, 1), (2, 3, 17, 4, 8), (12, 1, 64, 12, 64), (4, 2, 33, 1, 96), (3, 5, 8, 2, 80),
+    (1, 1, 1, 1, 1),
+    (2, 3, 17, 4, 8),
+    (12, 1, 64, 12, 64),
+    (4, 2, 33, 1, 96),
+    (3, 5, 8, 2, 80),
 ]
 
 
@@ -122,8 +125,15 @@ def test_cache_grows_linearly_in_every_size():
 
 
 def test_public_configs_are_consistent():
-    kinds = {"GPT-2": "MHA", "OPT-13B": "MHA", "Llama-2-7B": "MHA", "Llama-2-70B": "GQA",
-             "Mistral-7B-v0.1": "GQA", "Llama-3-8B": "GQA", "Falcon-7B": "MQA"}
+    kinds = {
+        "GPT-2": "MHA",
+        "OPT-13B": "MHA",
+        "Llama-2-7B": "MHA",
+        "Llama-2-70B": "GQA",
+        "Mistral-7B-v0.1": "GQA",
+        "Llama-3-8B": "GQA",
+        "Falcon-7B": "MQA",
+    }
     assert {name: s.attention for name, s in PUBLIC_CONFIGS.items()} == kinds
     for name, s in PUBLIC_CONFIGS.items():
         assert s.name == name
@@ -137,23 +147,61 @@ def test_public_configs_are_consistent():
 def test_public_param_counts_equal_the_transformers_architectures():
     """Each n_params is what transformers builds from that config (on the meta device: no
     weights, no download); tied embeddings counted once."""
-    from transformers import (AutoModelForCausalLM, FalconConfig, GPT2Config, LlamaConfig, MistralConfig,
-                              OPTConfig)
+    from transformers import AutoModelForCausalLM, FalconConfig, GPT2Config, LlamaConfig, MistralConfig, OPTConfig
 
     configs = {
         "GPT-2": GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024),
-        "OPT-13B": OPTConfig(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, ffn_dim=20480,
-                             vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=5120),
-        "Llama-2-7B": LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                                  num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
-        "Llama-2-70B": LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                                   num_attention_heads=64, num_key_value_heads=8, vocab_size=32000),
-        "Mistral-7B-v0.1": MistralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                         num_attention_heads=32, num_key_value_heads=8, vocab_size=32000),
-        "Llama-3-8B": LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
-        "Falcon-7B": FalconConfig(hidden_size=4544, num_hidden_layers=32, num_attention_heads=71, multi_query=True,
-                                  vocab_size=65024, parallel_attn=True, bias=False, new_decoder_architecture=False),
+        "OPT-13B": OPTConfig(
+            hidden_size=5120,
+            num_hidden_layers=40,
+            num_attention_heads=40,
+            ffn_dim=20480,
+            vocab_size=50272,
+            max_position_embeddings=2048,
+            word_embed_proj_dim=5120,
+        ),
+        "Llama-2-7B": LlamaConfig(
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32000,
+        ),
+        "Llama-2-70B": LlamaConfig(
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            vocab_size=32000,
+        ),
+        "Mistral-7B-v0.1": MistralConfig(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=32000,
+        ),
+        "Llama-3-8B": LlamaConfig(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+        ),
+        "Falcon-7B": FalconConfig(
+            hidden_size=4544,
+            num_hidden_layers=32,
+            num_attention_heads=71,
+            multi_query=True,
+            vocab_size=65024,
+            parallel_attn=True,
+            bias=False,
+            new_decoder_architecture=False,
+        ),
     }
     assert set(configs) == set(PUBLIC_CONFIGS)
     for name, config in configs.items():
@@ -183,14 +231,18 @@ def test_memory_units_are_decimal_gb():
 def small_shapes():
     return st.builds(
         lambda L, H, g, D, P: ModelShape("t", L, H * g, H, D, H * g * D, P, "test"),
-        st.integers(1, 8), st.integers(1, 8), st.sampled_from([1, 2, 4]), st.sampled_from([8, 64, 128]),
+        st.integers(1, 8),
+        st.integers(1, 8),
+        st.sampled_from([1, 2, 4]),
+        st.sampled_from([8, 64, 128]),
         st.integers(1, 10**9),
     )
 
 
 def used(model, batch, seq_len, bpe, w_bpe):
-    return weight_bytes(model.n_params, w_bpe) + kv_cache_bytes(model.n_layers, batch, seq_len, model.n_kv_heads,
-                                                                 model.head_dim, bpe)
+    return weight_bytes(model.n_params, w_bpe) + kv_cache_bytes(
+        model.n_layers, batch, seq_len, model.n_kv_heads, model.head_dim, bpe
+    )
 
 
 BPES = st.sampled_from(sorted(set(DTYPE_BYTES.values())))
@@ -245,15 +297,26 @@ GOOD_SIZES = {"n_layers": 2, "batch": 3, "seq_len": 4, "n_kv_heads": 2, "head_di
 
 
 @pytest.mark.parametrize("name", list(GOOD_SIZES))
-@pytest.mark.parametrize("bad, error", [(0, ValueError), (-1, ValueError), (1.5, TypeError), ("3", TypeError),
-                                        (True, TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    "bad, error",
+    [(0, ValueError), (-1, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError), (None, TypeError)],
+)
 def test_kv_cache_bytes_refuses_bad_sizes_by_name(name, bad, error):
     with pytest.raises(error, match=name):
         kv_cache_bytes(**{**GOOD_SIZES, name: bad})
 
 
-@pytest.mark.parametrize("bad, error", [(0, ValueError), (-2, ValueError), (float("inf"), ValueError),
-                                        (float("nan"), ValueError), ("fp16", TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (0, ValueError),
+        (-2, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        ("fp16", TypeError),
+        (True, TypeError),
+    ],
+)
 def test_bytes_per_elem_must_be_a_positive_number(bad, error):
     with pytest.raises(error, match="bytes_per_elem"):
         kv_cache_bytes(**GOOD_SIZES, bytes_per_elem=bad)
@@ -294,12 +357,17 @@ def test_max_batch_and_max_context_refuse_bad_arguments_by_name():
         max_batch(m, 1, GB)  # keyword-only: which number is which must be visible at the call
 
 
-@pytest.mark.parametrize("field, bad, error, message", [
-    ("n_layers", 0, ValueError, "n_layers"), ("head_dim", 64.0, TypeError, "head_dim"),
-    ("n_kv_heads", 33, ValueError, "n_kv_heads must be <= n_heads"),
-    ("n_kv_heads", 5, ValueError, "n_kv_heads must divide n_heads"),
-    ("n_params", 0, ValueError, "n_params"), ("source", None, TypeError, "source"),
-])
+@pytest.mark.parametrize(
+    "field, bad, error, message",
+    [
+        ("n_layers", 0, ValueError, "n_layers"),
+        ("head_dim", 64.0, TypeError, "head_dim"),
+        ("n_kv_heads", 33, ValueError, "n_kv_heads must be <= n_heads"),
+        ("n_kv_heads", 5, ValueError, "n_kv_heads must divide n_heads"),
+        ("n_params", 0, ValueError, "n_params"),
+        ("source", None, TypeError, "source"),
+    ],
+)
 def test_model_shape_refuses_inconsistent_numbers(field, bad, error, message):
     with pytest.raises(error, match=message):
         replace(PUBLIC_CONFIGS["Llama-2-7B"], **{field: bad})

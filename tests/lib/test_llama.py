@@ -23,9 +23,21 @@ ATOL = 1e-5
 
 def hf_llama(seed=0, **changes):
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
-               num_key_value_heads=2, max_position_embeddings=48, rope_theta=10000.0, rms_norm_eps=1e-5,
-               tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    cfg = dict(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=48,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
     cfg.update(changes)
     model = LlamaForCausalLM(HFLlamaConfig(**cfg, attn_implementation="eager")).eval()
     with torch.no_grad():  # HF starts RMSNorm weights at 1: perturb them so a missing or misplaced norm shows
@@ -110,8 +122,9 @@ def test_greedy_generation_matches_huggingface_generate():
     ours = Llama.from_huggingface(hf)
     idx = ids(1, 6, seed=4)
     with torch.no_grad():
-        theirs = hf.generate(idx, max_new_tokens=20, do_sample=False, min_new_tokens=20,
-                             attention_mask=torch.ones_like(idx))
+        theirs = hf.generate(
+            idx, max_new_tokens=20, do_sample=False, min_new_tokens=20, attention_mask=torch.ones_like(idx)
+        )
         # the test is meaningful only where the argmax is clear of rounding: check the margins
         logits = ours(theirs[:, :-1])[0, 5:]
         top2 = logits.topk(2, dim=-1).values
@@ -141,7 +154,7 @@ def test_decode_steps_give_the_logits_of_one_full_pass():
         full = model(idx, attention_mask=keep)
         steps = [model(idx[:, :6], caches=caches, attention_mask=keep[:, :6])]  # prefill 6 positions
         for t in range(6, 14):  # then one position at a time
-            steps.append(model(idx[:, t:t + 1], caches=caches, start=t, attention_mask=keep[:, :t + 1]))
+            steps.append(model(idx[:, t : t + 1], caches=caches, start=t, attention_mask=keep[:, : t + 1]))
     stepped = torch.cat(steps, dim=1)
     real = keep.bool()
     torch.testing.assert_close(stepped[real], full[real], atol=ATOL, rtol=0)
@@ -153,8 +166,19 @@ def test_cached_generation_equals_uncached_with_padding_and_sampling():
     idx = ids(2, 7, V=50)
     keep = torch.ones_like(idx)
     keep[1, :3] = 0
-    runs = [generate(model, idx, 12, temperature=0.8, top_k=10, attention_mask=keep, use_cache=cache,
-                     generator=torch.Generator().manual_seed(5)) for cache in (True, False)]
+    runs = [
+        generate(
+            model,
+            idx,
+            12,
+            temperature=0.8,
+            top_k=10,
+            attention_mask=keep,
+            use_cache=cache,
+            generator=torch.Generator().manual_seed(5),
+        )
+        for cache in (True, False)
+    ]
     assert torch.equal(runs[0], runs[1])
     greedy = generate(model, idx, 12, temperature=0.0, attention_mask=keep)
     assert torch.equal(generate(model, idx[1:, 3:], 12, temperature=0.0)[0], greedy[1, 3:])
@@ -274,5 +298,6 @@ def test_bad_configs_get_clear_errors():
     with pytest.raises(TypeError, match="config must be a LlamaConfig"):
         Llama({"n_layer": 2})
     with pytest.raises(ValueError, match="rope_scaling"):
-        LlamaConfig.from_huggingface(hf_llama().config.to_dict()
-                                     | {"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+        LlamaConfig.from_huggingface(
+            hf_llama().config.to_dict() | {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+        )

@@ -222,7 +222,9 @@ def test_merge_after_training_gives_plain_linears_with_the_same_output():
 def test_add_lora_twice_raises_and_points_to_merge_lora():
     model = TinyGPT()
     add_lora(model, ["c_attn"], r=R)
-    with pytest.raises(ValueError, match=r"already holds LoRA layers \(h\.0\.attn\.c_attn, h\.1\.attn\.c_attn\).*merge_lora"):
+    with pytest.raises(
+        ValueError, match=r"already holds LoRA layers \(h\.0\.attn\.c_attn, h\.1\.attn\.c_attn\).*merge_lora"
+    ):
         add_lora(model, ["c_attn"], r=R)
     with pytest.raises(ValueError, match="already holds LoRA layers"):
         add_lora(model, ["base"], r=R)  # the wrapped Linear inside the adapter is never wrapped again
@@ -283,9 +285,17 @@ def lin():
         (lambda: LoRALinear(lin(), r=True), TypeError, "r must be an int"),
         (lambda: LoRALinear(lin(), alpha=0.0), ValueError, "alpha must be a finite number > 0"),
         (lambda: LoRALinear(lin(), alpha=float("nan")), ValueError, "alpha must be a finite number > 0"),
-        (lambda: LoRALinear(lin())(torch.ones(3, 5)), ValueError, r"x must have shape \(..., in_features\) = \(..., 8\)"),
+        (
+            lambda: LoRALinear(lin())(torch.ones(3, 5)),
+            ValueError,
+            r"x must have shape \(..., in_features\) = \(..., 8\)",
+        ),
         (lambda: LoRALinear(lin())(torch.ones(3, 8, dtype=torch.int64)), TypeError, "x must have a floating dtype"),
-        (lambda: LoRALinear(lin())(torch.ones(3, 8, dtype=torch.float64)), ValueError, "x must match the layer's dtype"),
+        (
+            lambda: LoRALinear(lin())(torch.ones(3, 8, dtype=torch.float64)),
+            ValueError,
+            "x must match the layer's dtype",
+        ),
         (lambda: merge_lora(LoRALinear(lin())), ValueError, r"use model.merged\(\)"),
         (lambda: merge_lora("model"), TypeError, "model must be a torch.nn.Module"),
         (lambda: count_parameters(lin(), trainable_only=1), TypeError, "trainable_only must be a bool"),

@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from lib.gpt import GPT, Block, GPTConfig
-from lib.train import train_lm
-from lib.kv_cache import kv_cache_bytes
-from lib.decode import generate
-from lib.mamba import MambaConfig, MambaLM, MambaMixer, MixerCache, SelectiveSSM, state_bytes, trace_states
-from lib.lti import lti_kernel, ssm_convolution
-from lib.scan import discretize
 from scan_builders import one_thread  # noqa: F401  (an autouse fixture: one thread for tiny tensors)
+
+from lib.decode import generate
+from lib.gpt import GPT, Block, GPTConfig
+from lib.kv_cache import kv_cache_bytes
+from lib.lti import lti_kernel, ssm_convolution
+from lib.mamba import MambaConfig, MambaLM, MambaMixer, MixerCache, SelectiveSSM, state_bytes, trace_states
+from lib.scan import discretize
+from lib.train import train_lm
 
 
 def test_non_selective_layer_is_a_convolution_of_its_own_kernel():
@@ -49,7 +49,7 @@ def test_step_by_step_decoding_matches_parallel_forward(changes):
         full = model(idx)  # (B, T, V)
         caches = model.new_caches(2)
         for t in range(idx.shape[1]):
-            logits = model(idx[:, t:t + 1], caches=caches, start=t)  # (B, 1, V): one recurrence step
+            logits = model(idx[:, t : t + 1], caches=caches, start=t)  # (B, 1, V): one recurrence step
             torch.testing.assert_close(logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
     assert all(c.length == idx.shape[1] for c in caches)
 
@@ -226,7 +226,7 @@ def test_traced_delta_is_the_step_size_the_layers_scan_used(monkeypatch):
         used = F.softplus(delta + bias) if softplus else delta  # (B, T, D): what the scan stepped with
         assert softplus == selective and torch.allclose(tr["delta"], used, rtol=1e-6, atol=1e-7)
         if selective:
-            dt = F.linear(x, ssm.x_proj.weight)[..., :ssm.dt_rank]  # (B, T, R)
+            dt = F.linear(x, ssm.x_proj.weight)[..., : ssm.dt_rank]  # (B, T, R)
             assert torch.allclose(tr["delta"], F.softplus(ssm.dt_proj(dt)), rtol=1e-6, atol=1e-7)
         else:
             assert torch.equal(tr["delta"][0, 0], F.softplus(ssm.dt_bias))
@@ -245,8 +245,11 @@ def test_traced_states_of_a_float64_model_stay_float64():
     assert tr["h"].dtype == tr["delta"].dtype == torch.float64
 
 
-HF_NAMES = {"embedding.weight": "backbone.embeddings.weight", "norm_f.weight": "backbone.norm_f.weight",
-            "lm_head.weight": "lm_head.weight"}
+HF_NAMES = {
+    "embedding.weight": "backbone.embeddings.weight",
+    "norm_f.weight": "backbone.norm_f.weight",
+    "lm_head.weight": "lm_head.weight",
+}
 
 
 def _hf_name(name: str) -> str:
@@ -266,11 +269,24 @@ def test_mamba_lm_is_hugging_faces_mamba_for_causal_lm(scan):
     from transformers import MambaForCausalLM
 
     torch.manual_seed(0)
-    config = HFMambaConfig(vocab_size=37, hidden_size=24, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
-                           time_step_rank=3, use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5,
-                           residual_in_fp32=True, tie_word_embeddings=True)
+    config = HFMambaConfig(
+        vocab_size=37,
+        hidden_size=24,
+        state_size=8,
+        num_hidden_layers=2,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=3,
+        use_bias=False,
+        use_conv_bias=True,
+        layer_norm_epsilon=1e-5,
+        residual_in_fp32=True,
+        tie_word_embeddings=True,
+    )
     hf = MambaForCausalLM(config).double()
-    ours = MambaLM(MambaConfig(vocab_size=37, d_model=24, n_layers=2, d_state=8, d_conv=4, dt_rank=3, scan=scan)).double()
+    ours = MambaLM(
+        MambaConfig(vocab_size=37, d_model=24, n_layers=2, d_state=8, d_conv=4, dt_rank=3, scan=scan)
+    ).double()
     theirs = hf.state_dict()
     missing = ours.load_state_dict({name: theirs[_hf_name(name)] for name in ours.state_dict()}, strict=True)
     assert not missing.missing_keys and not missing.unexpected_keys
@@ -294,11 +310,12 @@ def test_mamba_lm_is_hugging_faces_mamba_for_causal_lm(scan):
     hf_params = dict(hf.named_parameters())
     for name, p in ours.named_parameters():
         want = hf_params[_hf_name(name)].grad
-        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-5 * want.abs().max().item(),
-                                   msg=lambda m: f"grad of {name}: {m}")
+        torch.testing.assert_close(
+            p.grad, want, rtol=1e-5, atol=1e-5 * want.abs().max().item(), msg=lambda m: f"grad of {name}: {m}"
+        )
     with torch.no_grad():  # and the recurrent step reproduces the parallel forward
         caches = ours.new_caches(3)
-        stepped = [ours(idx[:, t:t + 1], caches=caches, start=t) for t in range(idx.shape[1])]
+        stepped = [ours(idx[:, t : t + 1], caches=caches, start=t) for t in range(idx.shape[1])]
         torch.testing.assert_close(torch.cat(stepped, 1), hf_logits(idx), **tol)
 
 

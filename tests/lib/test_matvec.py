@@ -23,10 +23,15 @@ def test_split_product_equals_f_linear(dtype, threads, rows, K):
     x = torch.randn(rows, K, generator=g, dtype=dtype)
     with torch_threads(threads):
         for bias in (None, b):
-            torch.testing.assert_close(linear(x, column_major(w), bias), linear_ref(x, w, bias),
-                                       atol=ATOL[dtype], rtol=0)
-            torch.testing.assert_close(linear(x.view(1, rows, K), column_major(w), bias),
-                                       linear_ref(x, w, bias).view(1, rows, 40), atol=ATOL[dtype], rtol=0)
+            torch.testing.assert_close(
+                linear(x, column_major(w), bias), linear_ref(x, w, bias), atol=ATOL[dtype], rtol=0
+            )
+            torch.testing.assert_close(
+                linear(x.view(1, rows, K), column_major(w), bias),
+                linear_ref(x, w, bias).view(1, rows, 40),
+                atol=ATOL[dtype],
+                rtol=0,
+            )
 
 
 def test_gradients_flow_through_the_split_product():

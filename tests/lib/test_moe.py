@@ -1,5 +1,6 @@
 """lib.moe: the two dispatch paths agree with each other and with a dense reference (forward and
-gradients, with idle experts and with drops), the balance loss per layer (and, pooled, equal to Hugging Face's), capacity
+gradients, with idle experts and with drops), the balance loss per layer (and, pooled, equal to Hugging
+Face's), capacity
 arithmetic and first-come-first-served dropping, gating variants, parameter counts, bad input."""
 
 import math
@@ -8,8 +9,18 @@ import re
 import pytest
 import torch
 
-from lib.moe import (MIXTRAL_8X7B, MoE, expert_capacity, load_balancing_loss, moe_from_mixtral, moe_param_counts,
-                     moe_ref, route_top_k, router_z_loss, switch_loss)
+from lib.moe import (
+    MIXTRAL_8X7B,
+    MoE,
+    expert_capacity,
+    load_balancing_loss,
+    moe_from_mixtral,
+    moe_param_counts,
+    moe_ref,
+    route_top_k,
+    router_z_loss,
+    switch_loss,
+)
 
 # fp32 throughout: the two dispatches run the same matmuls on the same rows but sum a token's K
 # expert outputs in a different order (index_add per expert vs one index_add), so they agree to a
@@ -135,8 +146,9 @@ def test_pooled_load_balancing_loss_equals_hugging_face_mixtral(E, K):
         theirs = load_balancing_loss_func(logits, E, K)
         torch.testing.assert_close(load_balancing_loss(list(logits), K, pooled=True), theirs, atol=1e-6, rtol=1e-6)
     # one layer: per layer and pooled are the same loss
-    torch.testing.assert_close(load_balancing_loss(layers[0], K), load_balancing_loss_func(layers[:1], E, K),
-                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        load_balancing_loss(layers[0], K), load_balancing_loss_func(layers[:1], E, K), atol=1e-6, rtol=1e-6
+    )
     assert load_balancing_loss(layers[0].view(4, 10, E), K) == load_balancing_loss(layers[0], K)
 
 
@@ -257,9 +269,17 @@ def test_param_counts_for_mixtral_8x7b_equal_hugging_face_and_the_published_acti
     from transformers import MixtralConfig, MixtralForCausalLM
 
     c = moe_param_counts(**MIXTRAL_8X7B)
-    config = MixtralConfig(hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
-                           num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
-                           tie_word_embeddings=False)
+    config = MixtralConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+    )
     with torch.device("meta"):  # shapes only: 46.7 B parameters would not fit in memory
         model = MixtralForCausalLM(config)
     assert c["total"] == sum(p.numel() for p in model.parameters())
@@ -267,17 +287,20 @@ def test_param_counts_for_mixtral_8x7b_equal_hugging_face_and_the_published_acti
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(top_k=7), "top_k must be <= num_experts=6"),
-    (dict(top_k=0), "top_k must be >= 1"),
-    (dict(num_experts=0, top_k=1), "num_experts must be >= 1"),
-    (dict(d_model=0), "d_model must be >= 1"),
-    (dict(capacity_factor=0), "capacity_factor must be a finite number > 0"),
-    (dict(capacity_factor=-1.5), "capacity_factor must be a finite number > 0"),
-    (dict(dispatch="scatter"), "dispatch must be one of"),
-    (dict(gating="sigmoid"), "gating must be one of"),
-    (dict(activation="relu"), "activation must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(top_k=7), "top_k must be <= num_experts=6"),
+        (dict(top_k=0), "top_k must be >= 1"),
+        (dict(num_experts=0, top_k=1), "num_experts must be >= 1"),
+        (dict(d_model=0), "d_model must be >= 1"),
+        (dict(capacity_factor=0), "capacity_factor must be a finite number > 0"),
+        (dict(capacity_factor=-1.5), "capacity_factor must be a finite number > 0"),
+        (dict(dispatch="scatter"), "dispatch must be one of"),
+        (dict(gating="sigmoid"), "gating must be one of"),
+        (dict(activation="relu"), "activation must be one of"),
+    ],
+)
 def test_bad_layer_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _layer(**kwargs)
@@ -313,15 +336,18 @@ def test_bad_attribute_and_input_errors_name_the_argument():
         moe_param_counts(16, 32, 2, 3)
 
 
-@pytest.mark.parametrize("call, words", [
-    (lambda: route_top_k(torch.zeros(4, 3, 2), 1), "(N, E)"),
-    (lambda: route_top_k(torch.zeros(4, 3), 4), "top_k must be <="),
-    (lambda: route_top_k(torch.zeros(4, 3), 0), "top_k"),
-    (lambda: route_top_k(torch.zeros(4, 3), 1, "softmax"), "gating must be one of"),
-    (lambda: route_top_k(torch.zeros(4, 3, dtype=torch.long), 1), "logits"),
-    (lambda: switch_loss(torch.zeros(4, 3), 5), "top_k must be <="),
-    (lambda: switch_loss(torch.zeros(12), 1), "(N, E)"),
-])
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: route_top_k(torch.zeros(4, 3, 2), 1), "(N, E)"),
+        (lambda: route_top_k(torch.zeros(4, 3), 4), "top_k must be <="),
+        (lambda: route_top_k(torch.zeros(4, 3), 0), "top_k"),
+        (lambda: route_top_k(torch.zeros(4, 3), 1, "softmax"), "gating must be one of"),
+        (lambda: route_top_k(torch.zeros(4, 3, dtype=torch.long), 1), "logits"),
+        (lambda: switch_loss(torch.zeros(4, 3), 5), "top_k must be <="),
+        (lambda: switch_loss(torch.zeros(12), 1), "(N, E)"),
+    ],
+)
 def test_route_top_k_and_switch_loss_refuse_bad_arguments_by_name(call, words):
     with pytest.raises((TypeError, ValueError), match=re.escape(words)):
         call()

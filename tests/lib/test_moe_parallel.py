@@ -8,8 +8,9 @@ import torch.distributed as dist
 
 from lib.moe_parallel import run_expert_parallel, single_process_reference
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="needs torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
+)
 
 
 def _assert_matches_one_process(result):
@@ -26,8 +27,7 @@ def _assert_matches_one_process(result):
 
 
 def test_two_process_expert_parallel_equals_one_process_forward_and_gradients():
-    result = run_expert_parallel(2, d_model=16, d_ff=32, num_experts=4, top_k=2, batch_per_rank=2, seq_len=8,
-                                 seed=0)
+    result = run_expert_parallel(2, d_model=16, d_ff=32, num_experts=4, top_k=2, batch_per_rank=2, seq_len=8, seed=0)
     _assert_matches_one_process(result)
     assert result.y.shape == (4, 8, 16)
     # bytes measured: each rank sends the other its rows for the other's experts (16 floats each)
@@ -42,8 +42,18 @@ def test_two_process_expert_parallel_equals_one_process_forward_and_gradients():
 
 def test_expert_parallel_with_idle_experts_and_swiglu():
     # 2 tokens per rank, top-1 of 8 experts: most experts, and possibly a whole rank, get no rows
-    result = run_expert_parallel(2, d_model=8, d_ff=16, num_experts=8, top_k=1, activation="swiglu",
-                                 gating="softmax_topk_raw", batch_per_rank=1, seq_len=2, seed=1)
+    result = run_expert_parallel(
+        2,
+        d_model=8,
+        d_ff=16,
+        num_experts=8,
+        top_k=1,
+        activation="swiglu",
+        gating="softmax_topk_raw",
+        batch_per_rank=1,
+        seq_len=2,
+        seed=1,
+    )
     _assert_matches_one_process(result)
 
 

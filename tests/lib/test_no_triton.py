@@ -58,8 +58,9 @@ def test_lesson_05_runs_without_triton_and_says_so(tmp_path):
     old = dict(os.environ)
     os.environ.update(env)
     try:
-        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                resources={"metadata": {"path": str(ROOT / "lessons")}}).execute()
+        nbclient.NotebookClient(
+            nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "lessons")}}
+        ).execute()
     finally:
         os.environ.clear()
         os.environ.update(old)

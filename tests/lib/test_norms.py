@@ -47,7 +47,9 @@ def test_fp32_threads_and_the_module():
     # every unit of 16 rows writes its own partial sum of the weight's gradient: any split, same bits
     one = _run(lambda *a: scan_cpu.rms_norm(*a, threads=1), x, w)
     for threads in (2, 3, 7):
-        assert all(torch.equal(a, b) for a, b in zip(_run(lambda *a: scan_cpu.rms_norm(*a, threads=threads), x, w), one))
+        assert all(
+            torch.equal(a, b) for a, b in zip(_run(lambda *a: scan_cpu.rms_norm(*a, threads=threads), x, w), one)
+        )
     # the module: torch.nn.RMSNorm's parameter and state dict, computed by the loop
     ref = torch.nn.RMSNorm(48, eps=1e-6)
     with torch.no_grad():

@@ -67,7 +67,7 @@ def interleaved_cache(lengths, *, num_blocks=40, seed=0):
         for i, S in enumerate(lengths):
             if written[i] < S:
                 n = min(1 + chunk % 3, S - written[i])
-                cache.append(i, ks[i][:, written[i]:written[i] + n], vs[i][:, written[i]:written[i] + n])
+                cache.append(i, ks[i][:, written[i] : written[i] + n], vs[i][:, written[i] : written[i] + n])
                 written[i] += n
                 chunk += 1
     return cache, ks, vs
@@ -112,12 +112,15 @@ def test_an_append_that_does_not_fit_changes_nothing():
     assert torch.equal(cache.gather(0)[0], k)
 
 
-@pytest.mark.parametrize("k_shape, error, match", [
-    ((H_KV, 3), ValueError, r"\(H_kv, T, D\)"),
-    ((H_KV + 1, 3, D), ValueError, r"\(H_kv, T, D\)"),
-    ((H_KV, 0, D), ValueError, "T>=1"),
-    ((H_KV, 3, D + 1), ValueError, r"\(H_kv, T, D\)"),
-])
+@pytest.mark.parametrize(
+    "k_shape, error, match",
+    [
+        ((H_KV, 3), ValueError, r"\(H_kv, T, D\)"),
+        ((H_KV + 1, 3, D), ValueError, r"\(H_kv, T, D\)"),
+        ((H_KV, 0, D), ValueError, "T>=1"),
+        ((H_KV, 3, D + 1), ValueError, r"\(H_kv, T, D\)"),
+    ],
+)
 def test_cache_refuses_bad_appends(k_shape, error, match):
     cache = PagedKVCache(4, B_SIZE, H_KV, D)
     with pytest.raises(error, match=match):
@@ -213,8 +216,10 @@ def test_keys_past_a_sequence_length_are_never_read():
         poisoned_k.permute(0, 2, 1, 3)[~used] = poison  # (N, H_kv, b, D) viewed as (N, b, H_kv, D)
         poisoned_v.permute(0, 2, 1, 3)[~used] = poison
         for backend in ("naive", "sdpa", "chunked"):
-            assert torch.equal(paged_attention(q, poisoned_k, poisoned_v, table, seq_lens, backend=backend),
-                               paged_attention(q, cache.k_blocks, cache.v_blocks, table, seq_lens, backend=backend))
+            assert torch.equal(
+                paged_attention(q, poisoned_k, poisoned_v, table, seq_lens, backend=backend),
+                paged_attention(q, cache.k_blocks, cache.v_blocks, table, seq_lens, backend=backend),
+            )
 
 
 def test_a_padded_block_table_entry_is_no_block_id_and_only_pads():
@@ -241,22 +246,25 @@ def good_inputs():
     return {"q": q, "k_blocks": cache.k_blocks, "v_blocks": cache.v_blocks, "block_table": table, "seq_lens": seq_lens}
 
 
-@pytest.mark.parametrize("change, error, match", [
-    (lambda a: {"block_table": a["block_table"].int()}, TypeError, "block_table must be an int64"),
-    (lambda a: {"seq_lens": a["seq_lens"].float()}, TypeError, "seq_lens must be an int64"),
-    (lambda a: {"block_table": a["block_table"] + 1000}, ValueError, r"\[0, N=40\)"),
-    (lambda a: {"block_table": a["block_table"] - 1}, ValueError, "physical block ids"),
-    (lambda a: {"seq_lens": a["seq_lens"] + 4}, ValueError, r"M\*b=16"),
-    (lambda a: {"seq_lens": a["seq_lens"] - 3}, ValueError, "T=3"),
-    (lambda a: {"q": a["q"][:, :3]}, ValueError, "multiple of the key/value heads"),
-    (lambda a: {"q": a["q"][..., :5]}, ValueError, "must share D"),
-    (lambda a: {"q": a["q"][:4]}, ValueError, "B=4"),
-    (lambda a: {"q": a["q"].double()}, ValueError, "dtype"),
-    (lambda a: {"q": a["q"][0]}, ValueError, r"\(B, H, T, D\)"),
-    (lambda a: {"v_blocks": a["v_blocks"][:, :1]}, ValueError, "agree on N, H_kv, b"),
-    (lambda a: {"block_table": a["block_table"][:, :0]}, ValueError, "empty"),
-    (lambda a: {"k_blocks": a["k_blocks"].long()}, TypeError, "floating"),
-])
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (lambda a: {"block_table": a["block_table"].int()}, TypeError, "block_table must be an int64"),
+        (lambda a: {"seq_lens": a["seq_lens"].float()}, TypeError, "seq_lens must be an int64"),
+        (lambda a: {"block_table": a["block_table"] + 1000}, ValueError, r"\[0, N=40\)"),
+        (lambda a: {"block_table": a["block_table"] - 1}, ValueError, "physical block ids"),
+        (lambda a: {"seq_lens": a["seq_lens"] + 4}, ValueError, r"M\*b=16"),
+        (lambda a: {"seq_lens": a["seq_lens"] - 3}, ValueError, "T=3"),
+        (lambda a: {"q": a["q"][:, :3]}, ValueError, "multiple of the key/value heads"),
+        (lambda a: {"q": a["q"][..., :5]}, ValueError, "must share D"),
+        (lambda a: {"q": a["q"][:4]}, ValueError, "B=4"),
+        (lambda a: {"q": a["q"].double()}, ValueError, "dtype"),
+        (lambda a: {"q": a["q"][0]}, ValueError, r"\(B, H, T, D\)"),
+        (lambda a: {"v_blocks": a["v_blocks"][:, :1]}, ValueError, "agree on N, H_kv, b"),
+        (lambda a: {"block_table": a["block_table"][:, :0]}, ValueError, "empty"),
+        (lambda a: {"k_blocks": a["k_blocks"].long()}, TypeError, "floating"),
+    ],
+)
 def test_paged_attention_refuses_bad_input_clearly(change, error, match):
     args = good_inputs()
     args.update(change(args))

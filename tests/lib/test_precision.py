@@ -7,9 +7,16 @@ import pytest
 from lib.course.precision import below, mean_spread, significant
 
 
-@pytest.mark.parametrize("value, bound, text", [(0.0, 1e-5, "below 1e-5"), (2.4e-6, 1e-5, "below 1e-5"),
-                                                (2.9e-6, 1e-5, "below 1e-5"), (1e-9, 2.5e-7, "below 2.5e-7"),
-                                                (0.01, 0.05, "below 5e-2")])
+@pytest.mark.parametrize(
+    "value, bound, text",
+    [
+        (0.0, 1e-5, "below 1e-5"),
+        (2.4e-6, 1e-5, "below 1e-5"),
+        (2.9e-6, 1e-5, "below 1e-5"),
+        (1e-9, 2.5e-7, "below 2.5e-7"),
+        (0.01, 0.05, "below 5e-2"),
+    ],
+)
 def test_below_prints_the_bound_not_the_digits(value, bound, text):
     assert below(value, bound) == text
 
@@ -35,8 +42,17 @@ def test_below_margin_and_bad_input():
         below(0.0, 0.0)
 
 
-@pytest.mark.parametrize("x, digits, expected", [(0.123456, 2, 0.12), (123456.0, 3, 123000.0), (-0.00098765, 2, -0.00099),
-                                                 (0.0, 3, 0.0), (1.0, 1, 1.0), (9.96, 2, 10.0)])
+@pytest.mark.parametrize(
+    "x, digits, expected",
+    [
+        (0.123456, 2, 0.12),
+        (123456.0, 3, 123000.0),
+        (-0.00098765, 2, -0.00099),
+        (0.0, 3, 0.0),
+        (1.0, 1, 1.0),
+        (9.96, 2, 10.0),
+    ],
+)
 def test_significant_rounds_to_significant_digits(x, digits, expected):
     assert significant(x, digits) == pytest.approx(expected, rel=0, abs=1e-15)
 
@@ -83,11 +99,16 @@ def test_float64_initialisation_is_the_same_on_every_cpu_kernel(tmp_path):
 
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip("needs a CPU with AVX2 to compare against the scalar kernels")
-    code = ("import sys, torch; torch.manual_seed(0); dt = getattr(torch, sys.argv[1]); "
-            "w = torch.empty(4096, dtype=dt).normal_(0, 0.02); print(w.double().sum().item().hex())")
+    code = (
+        "import sys, torch; torch.manual_seed(0); dt = getattr(torch, sys.argv[1]); "
+        "w = torch.empty(4096, dtype=dt).normal_(0, 0.02); print(w.double().sum().item().hex())"
+    )
+
     def run(dtype, capability):
         env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
-        return subprocess.run([sys.executable, "-c", code, dtype], env=env, capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run(
+            [sys.executable, "-c", code, dtype], env=env, capture_output=True, text=True, check=True
+        ).stdout
+
     assert run("float64", "default") == run("float64", "avx2")
     assert run("float32", "default") != run("float32", "avx2")  # the perturbation the suite uses is real

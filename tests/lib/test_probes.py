@@ -28,7 +28,9 @@ def test_each_score_is_one_on_its_own_pattern_and_low_elsewhere():
     assert key_share(sink).item() == 1.0 and previous_token_score(sink).item() < 0.1
     assert previous_token_score(prev).item() == 1.0 and key_share(prev).item() < 0.1
     assert induction_score(induct, P).item() == 1.0 and induction_score(prev, P).item() == 0.0
-    assert induction_score(pattern(T + 2, lambda t: t - P + 1 if P + 2 <= t < 2 * P + 2 else 0), P, start=2).item() == 1.0
+    assert (
+        induction_score(pattern(T + 2, lambda t: t - P + 1 if P + 2 <= t < 2 * P + 2 else 0), P, start=2).item() == 1.0
+    )
 
 
 def test_an_even_causal_spread_scores_one_over_the_keys_seen():
@@ -50,8 +52,10 @@ def test_an_encoder_share_counts_every_query_and_the_end_is_reachable():
 
 def test_layers_and_heads_keep_their_places():
     T = 10
-    layers = [torch.cat([pattern(T, lambda t: 0), pattern(T, lambda t: max(t - 1, 0))], dim=1),  # layer 0: 2 heads
-              torch.cat([pattern(T, lambda t: max(t - 1, 0)), pattern(T, lambda t: 0)], dim=1)]
+    layers = [
+        torch.cat([pattern(T, lambda t: 0), pattern(T, lambda t: max(t - 1, 0))], dim=1),  # layer 0: 2 heads
+        torch.cat([pattern(T, lambda t: max(t - 1, 0)), pattern(T, lambda t: 0)], dim=1),
+    ]
     layers = [torch.cat([w, w]) for w in layers]  # batch of 2
     share = key_share(layers)
     assert share.shape == (2, 2) and share[0, 0] == 1 and share[1, 1] == 1 and share[0, 1] < 0.2

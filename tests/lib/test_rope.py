@@ -178,7 +178,10 @@ def test_matches_hugging_face_llama_rotary_embedding(offset):
 
     B, H, T, D = 2, 4, 37, 16
     config = LlamaConfig(
-        hidden_size=H * D, num_attention_heads=H, head_dim=D, max_position_embeddings=256,
+        hidden_size=H * D,
+        num_attention_heads=H,
+        head_dim=D,
+        max_position_embeddings=256,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     q, k = rand(B, H, T, D, seed=8), rand(B, H, T, D, seed=9)
@@ -211,7 +214,6 @@ def test_half_precision_keeps_its_dtype_and_rounds_once(dtype, ulp):
     assert torch.allclose(out.float(), expected, rtol=ulp, atol=torch.finfo(dtype).tiny)
 
 
-
 # --------------------------------------------------------------------------- the interleaved convention
 @pytest.mark.parametrize("T, D, offset", [(37, 16, 0), (1, 2, 0), (8, 2, 3), (13, 64, 1000)])
 def test_the_interleaved_layout_is_the_pairwise_rotation_of_pairs_2i_2i_plus_1(T, D, offset):
@@ -238,8 +240,10 @@ def test_the_two_layouts_are_one_rotation_up_to_a_permutation_of_channels_and_mi
 
     def drift(table_layout, rotation_layout):
         def rot(v, p):
-            return apply_rope(v.view(1, 1, 1, D), *rope_cos_sin(1, D, offset=p, layout=table_layout),
-                              layout=rotation_layout).view(D)
+            return apply_rope(
+                v.view(1, 1, 1, D), *rope_cos_sin(1, D, offset=p, layout=table_layout), layout=rotation_layout
+            ).view(D)
+
         return max(abs((rot(q, s) @ rot(k, s + 3) - rot(q, 0) @ rot(k, 3)).item()) for s in SHIFTS)
 
     tol = score_tol(q, k)

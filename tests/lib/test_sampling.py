@@ -145,8 +145,9 @@ def test_filters_act_row_by_row_on_any_leading_shape_and_on_strided_views():
     assert not last.is_contiguous()
     assert torch.equal(filter_logits(last, **knobs), filter_logits(last.contiguous(), **knobs))
     g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
-    assert torch.equal(sample_next_token(last, generator=g(), **knobs),
-                       sample_next_token(last.contiguous(), generator=g(), **knobs))
+    assert torch.equal(
+        sample_next_token(last, generator=g(), **knobs), sample_next_token(last.contiguous(), generator=g(), **knobs)
+    )
 
 
 def test_apply_temperature_divides():
@@ -172,8 +173,13 @@ def test_temperature_zero_is_greedy_argmax_whatever_top_k_and_top_p():
 
 def test_same_generator_seed_gives_the_same_tokens():
     x = random_logits(256, 50, seed=5, scale=1.0)
-    draw = lambda seed: sample_next_token(x, temperature=1.3, top_k=20, top_p=0.9,  # noqa: E731
-                                          generator=torch.Generator().manual_seed(seed))
+    draw = lambda seed: sample_next_token(
+        x,
+        temperature=1.3,
+        top_k=20,
+        top_p=0.9,  # noqa: E731
+        generator=torch.Generator().manual_seed(seed),
+    )
     a, b, c = draw(0), draw(0), draw(1)
     assert a.shape == (256,) and a.dtype == torch.int64
     assert torch.equal(a, b)
@@ -187,8 +193,15 @@ def test_top_k_of_one_always_samples_the_argmax():
         assert torch.equal(sample_next_token(x, temperature=temperature, top_k=1, generator=g), x.argmax(-1))
 
 
-@pytest.mark.parametrize("knobs", [{}, {"temperature": 0.7, "top_k": 4}, {"temperature": 1.5, "top_p": 0.8},
-                                   {"temperature": 0.9, "top_k": 5, "top_p": 0.9}])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {"temperature": 0.7, "top_k": 4},
+        {"temperature": 1.5, "top_p": 0.8},
+        {"temperature": 0.9, "top_k": 5, "top_p": 0.9},
+    ],
+)
 def test_empirical_frequencies_match_p_final(knobs):
     logits = torch.tensor([2.0, 1.5, 1.0, 0.3, 0.0, -0.5, -1.0, float("-inf")])  # the last token is banned
     V, N = logits.shape[0], 20_000
@@ -218,9 +231,19 @@ def test_sampling_never_draws_a_minus_infinity_logit():
 
 
 # --------------------------------------------------------------------------- the widget's numbers
-@pytest.mark.parametrize("knobs", [{}, {"temperature": 0.5}, {"temperature": 2.0, "top_k": 5},
-                                   {"top_p": 0.6}, {"temperature": 0.8, "top_k": 7, "top_p": 0.9},
-                                   {"top_k": 100}, {"top_p": 0.001}, {"temperature": 0.0, "top_k": 3}])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {"temperature": 0.5},
+        {"temperature": 2.0, "top_k": 5},
+        {"top_p": 0.6},
+        {"temperature": 0.8, "top_k": 7, "top_p": 0.9},
+        {"top_k": 100},
+        {"top_p": 0.001},
+        {"temperature": 0.0, "top_k": 3},
+    ],
+)
 def test_next_token_distribution_is_the_sampled_distribution(knobs):
     logits = random_logits(1, 30, seed=9)[0]
     d = next_token_distribution(logits, **knobs)
@@ -264,18 +287,21 @@ def test_next_token_distribution_blames_each_cut_on_one_filter():
 X = random_logits(2, 5, seed=0)
 
 
-@pytest.mark.parametrize("kwargs, error, name", [
-    ({"temperature": -0.1}, ValueError, "temperature"),
-    ({"temperature": float("nan")}, ValueError, "temperature"),
-    ({"temperature": "hot"}, TypeError, "temperature"),
-    ({"top_k": 0}, ValueError, "top_k"),
-    ({"top_k": 2.5}, TypeError, "top_k"),
-    ({"top_k": True}, TypeError, "top_k"),
-    ({"top_p": 0}, ValueError, "top_p"),
-    ({"top_p": 1.5}, ValueError, "top_p"),
-    ({"top_p": -0.2}, ValueError, "top_p"),
-    ({"generator": 0}, TypeError, "generator"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        ({"temperature": -0.1}, ValueError, "temperature"),
+        ({"temperature": float("nan")}, ValueError, "temperature"),
+        ({"temperature": "hot"}, TypeError, "temperature"),
+        ({"top_k": 0}, ValueError, "top_k"),
+        ({"top_k": 2.5}, TypeError, "top_k"),
+        ({"top_k": True}, TypeError, "top_k"),
+        ({"top_p": 0}, ValueError, "top_p"),
+        ({"top_p": 1.5}, ValueError, "top_p"),
+        ({"top_p": -0.2}, ValueError, "top_p"),
+        ({"generator": 0}, TypeError, "generator"),
+    ],
+)
 def test_bad_knobs_are_refused_with_their_name(kwargs, error, name):
     with pytest.raises(error, match=name):
         sample_next_token(X, **kwargs)
@@ -286,16 +312,19 @@ def test_bad_knobs_are_refused_with_their_name(kwargs, error, name):
             next_token_distribution(X[0], **kwargs)
 
 
-@pytest.mark.parametrize("logits, error, match", [
-    (torch.arange(10).view(2, 5), TypeError, "floating"),
-    (X[0], ValueError, r"\(B, V\)"),
-    (X[None], ValueError, r"\(B, V\)"),
-    (torch.tensor([[0.0, float("nan")]]), ValueError, "NaN"),
-    (torch.tensor([[0.0, float("inf")]]), ValueError, r"\+inf"),
-    (torch.full((2, 3), float("-inf")), ValueError, "entirely -inf"),
-    (torch.zeros(2, 0), ValueError, "V >= 1"),
-    ([[0.0, 1.0]], TypeError, "torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "logits, error, match",
+    [
+        (torch.arange(10).view(2, 5), TypeError, "floating"),
+        (X[0], ValueError, r"\(B, V\)"),
+        (X[None], ValueError, r"\(B, V\)"),
+        (torch.tensor([[0.0, float("nan")]]), ValueError, "NaN"),
+        (torch.tensor([[0.0, float("inf")]]), ValueError, r"\+inf"),
+        (torch.full((2, 3), float("-inf")), ValueError, "entirely -inf"),
+        (torch.zeros(2, 0), ValueError, "V >= 1"),
+        ([[0.0, 1.0]], TypeError, "torch.Tensor"),
+    ],
+)
 def test_bad_logits_are_refused(logits, error, match):
     with pytest.raises(error, match=match):
         sample_next_token(logits)
@@ -316,7 +345,8 @@ def test_the_filters_refuse_bad_arguments_by_name():
 
 def test_a_tiny_temperature_is_greedy_not_nan():
     logits = random_logits(3, 40, seed=2) * 50
-    assert torch.equal(sample_next_token(logits, temperature=1e-30, generator=torch.Generator().manual_seed(0)),
-                       logits.argmax(-1))
+    assert torch.equal(
+        sample_next_token(logits, temperature=1e-30, generator=torch.Generator().manual_seed(0)), logits.argmax(-1)
+    )
     d = next_token_distribution(logits[0], temperature=1e-30)
     assert torch.equal(d["p_final"], torch.nn.functional.one_hot(logits[0].argmax(), 40).float())

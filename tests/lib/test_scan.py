@@ -7,11 +7,10 @@ from functools import partial
 
 import pytest
 import torch
+from scan_builders import TOL64, assert_close32, bad_scan_cases, one_thread, scan_inputs  # noqa: F401  (one_thread: autouse)
 
 from lib.lti import lti_kernel, ssm_convolution
-from lib.scan import (default_chunk_size, discretize, parallel_scan_ref, scan_combine, selective_scan,
-                      selective_scan_ref)
-from scan_builders import TOL64, assert_close32, bad_scan_cases, one_thread, scan_inputs  # noqa: F401  (one_thread: autouse)
+from lib.scan import default_chunk_size, discretize, parallel_scan_ref, scan_combine, selective_scan, selective_scan_ref
 
 
 @pytest.mark.parametrize("L", [1, 7, 64, 1000, 4096])
@@ -48,8 +47,9 @@ def test_parallel_scan_matches_reference(L):
 def test_scan_without_skip_and_default_chunk_size():
     x, delta, A, B, C, _, _ = scan_inputs(1, 300, 2, 2, seed=3, dtype=torch.float64)
     for impl in ("chunked", "auto"):
-        torch.testing.assert_close(selective_scan(x, delta, A, B, C, impl=impl), selective_scan_ref(x, delta, A, B, C),
-                                   rtol=TOL64, atol=TOL64)
+        torch.testing.assert_close(
+            selective_scan(x, delta, A, B, C, impl=impl), selective_scan_ref(x, delta, A, B, C), rtol=TOL64, atol=TOL64
+        )
     assert default_chunk_size(2048) == 32 and default_chunk_size(1) == 1 and default_chunk_size(10) == 4
 
 
@@ -74,8 +74,11 @@ def test_scan_gradients_match_reference(scan):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=lambda m: f"grad of {name}: {m}")
 
 
-@pytest.mark.parametrize("scan", [partial(selective_scan, impl="chunked"), selective_scan, parallel_scan_ref],
-                         ids=["chunked", "auto", "parallel"])
+@pytest.mark.parametrize(
+    "scan",
+    [partial(selective_scan, impl="chunked"), selective_scan, parallel_scan_ref],
+    ids=["chunked", "auto", "parallel"],
+)
 def test_state_carry_splits_a_sequence(scan):
     """Scanning two halves, the second from the first's final state, equals one scan."""
     x, delta, A, B, C, D, h0 = scan_inputs(2, 40, 3, 4, seed=6, dtype=torch.float64)
@@ -93,8 +96,9 @@ def test_scan_is_finite_and_exact_for_large_delta_and_long_sequences(delta):
     L = 4096
     x, dl, A, B, C, D, _ = scan_inputs(2, L, 4, 16, seed=7, delta=None if delta == "mixed" else delta)
     if delta == "mixed":  # long calm stretches broken by resets
-        dl = torch.where(torch.rand(dl.shape, generator=torch.Generator().manual_seed(8)) < 0.05,
-                         torch.full_like(dl, 50.0), dl)
+        dl = torch.where(
+            torch.rand(dl.shape, generator=torch.Generator().manual_seed(8)) < 0.05, torch.full_like(dl, 50.0), dl
+        )
     y_ref = selective_scan_ref(x, dl, A, B, C, D)
     y = selective_scan(x, dl, A, B, C, D, chunk_size=64)
     assert torch.isfinite(y).all()
@@ -118,8 +122,10 @@ def test_discretize_is_zoh_for_A_and_euler_for_B():
 
 def test_scan_combine_is_associative_and_its_fold_is_the_recurrence():
     g = torch.Generator().manual_seed(10)
-    pairs = [(torch.rand(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g, dtype=torch.float64))
-             for _ in range(6)]
+    pairs = [
+        (torch.rand(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g, dtype=torch.float64))
+        for _ in range(6)
+    ]
     p, q, r = pairs[:3]
     left, right = scan_combine(scan_combine(p, q), r), scan_combine(p, scan_combine(q, r))
     for u, v in zip(left, right):

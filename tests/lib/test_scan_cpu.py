@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from scan_builders import TOL64, bad_scan_cases, scan_inputs
 
 import lib.kernels.scan_cpu as scan_cpu
-from lib.kernels import c_build
 from lib.conv import causal_conv1d, causal_conv1d_cpu, causal_conv1d_ref
+from lib.kernels import c_build
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
 from lib.mamba import MambaConfig, MambaLM
 from lib.scan import selective_scan, selective_scan_cpu, selective_scan_ref
-from scan_builders import TOL64, bad_scan_cases, scan_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_kernel = pytest.mark.skipif(not cpu_kernel_available(), reason=f"the CPU scan kernel is {cpu_kernel_status()}")
@@ -40,7 +40,9 @@ RTOL32 = 1e-5
 def _library_built_with(flags):
     """The kernels' library compiled with other flags than the one in use (cached like it)."""
     cc = c_build.compiler()
-    return c_build.load(c_build.compile(scan_cpu.SOURCE, cc, c_build.compiler_version(cc), flags), scan_cpu.ENTRY_POINTS)
+    return c_build.load(
+        c_build.compile(scan_cpu.SOURCE, cc, c_build.compiler_version(cc), flags), scan_cpu.ENTRY_POINTS
+    )
 
 
 def assert_close32(actual, expected):
@@ -104,7 +106,9 @@ def test_gradients_do_not_depend_on_the_threads(monkeypatch):
     want = grads(1)
     for threads in (2, 3, 7):
         assert all(torch.equal(g, w) for g, w in zip(grads(threads), want))
-    monkeypatch.setattr(scan_cpu, "_library", _library_built_with(tuple(f for f in scan_cpu._built_flags if f != "-fopenmp")))
+    monkeypatch.setattr(
+        scan_cpu, "_library", _library_built_with(tuple(f for f in scan_cpu._built_flags if f != "-fopenmp"))
+    )
     assert not hasattr(scan_cpu._library, "onemask_scan_bwd_f32_omp")
     for threads in (1, 3):
         assert all(torch.equal(g, w) for g, w in zip(grads(threads), want))
@@ -119,13 +123,15 @@ def test_half_inputs_non_contiguous_views_and_large_delta():
     # transposed storage: the kernel makes contiguous copies
     xt, dlt = x.transpose(1, 2).contiguous().transpose(1, 2), dl.transpose(1, 2).contiguous().transpose(1, 2)
     assert not xt.is_contiguous()
-    torch.testing.assert_close(selective_scan_cpu(xt, dlt, A, B, C, D), selective_scan_cpu(x, dl, A, B, C, D),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        selective_scan_cpu(xt, dlt, A, B, C, D), selective_scan_cpu(x, dl, A, B, C, D), rtol=0, atol=0
+    )
     # ... and its backward reads those copies too: the same gradients, bit for bit
     strided, dense = (_grads(selective_scan_cpu, (xx, dd, A, B, C, D, _)) for xx, dd in ((xt, dlt), (x, dl)))
     assert all(torch.equal(a, b) for a, b in zip(strided, dense))
-    big = torch.where(torch.rand(dl.shape, generator=torch.Generator().manual_seed(13)) < 0.05,
-                      torch.full_like(dl, 50.0), dl)  # Δ·A down to -800: exp underflows to 0, never overflows
+    big = torch.where(
+        torch.rand(dl.shape, generator=torch.Generator().manual_seed(13)) < 0.05, torch.full_like(dl, 50.0), dl
+    )  # Δ·A down to -800: exp underflows to 0, never overflows
     y = selective_scan_cpu(x, big, A, B, C, D)
     assert torch.isfinite(y).all()
     assert_close32(y, selective_scan_ref(x, big, A, B, C, D))
@@ -168,8 +174,9 @@ def _grads(fn, inputs, dtype=None, *, loss="both"):
 
 @needs_kernel
 @pytest.mark.parametrize("every", [5, 64])
-@pytest.mark.parametrize("b, L, d, n", [(2, 1, 3, 4), (1, 5, 1, 1), (2, 12, 3, 4), (2, 21, 17, 5), (3, 64, 37, 16),
-                                        (1, 130, 16, 33)])
+@pytest.mark.parametrize(
+    "b, L, d, n", [(2, 1, 3, 4), (1, 5, 1, 1), (2, 12, 3, 4), (2, 21, 17, 5), (3, 64, 37, 16), (1, 130, 16, 33)]
+)
 def test_fused_backward_is_the_references_gradient_in_fp64(b, L, d, n, every, monkeypatch):
     """The same gradients as autograd through the per-step reference, to 1e-10, for every input: L = 1,
     lengths that are and are not multiples of the checkpoint interval K (5 here, and the default),
@@ -189,19 +196,27 @@ GRAD_RTOL32 = 1e-5
 
 
 @needs_kernel
-@pytest.mark.parametrize("b, L, d, n, big_delta", [(2, 1000, 20, 16, False), (2, 4096, 8, 16, False),
-                                                   (2, 333, 37, 16, True)])
+@pytest.mark.parametrize(
+    "b, L, d, n, big_delta", [(2, 1000, 20, 16, False), (2, 4096, 8, 16, False), (2, 333, 37, 16, True)]
+)
 def test_fused_backward_in_fp32_is_within_budget_of_the_fp64_reference(b, L, d, n, big_delta):
     inputs = list(scan_inputs(b, L, d, n, seed=L))
     if big_delta:  # Δ·A down to -800: the decays underflow to 0, gradients through them too, never NaN
         dl = inputs[1]
-        inputs[1] = torch.where(torch.rand(dl.shape, generator=torch.Generator().manual_seed(13)) < 0.05,
-                                torch.full_like(dl, 50.0), dl)
-    for name, got, want in zip(NAMES, _grads(selective_scan_cpu, inputs), _grads(selective_scan_ref, inputs,
-                                                                                  torch.float64)):
+        inputs[1] = torch.where(
+            torch.rand(dl.shape, generator=torch.Generator().manual_seed(13)) < 0.05, torch.full_like(dl, 50.0), dl
+        )
+    for name, got, want in zip(
+        NAMES, _grads(selective_scan_cpu, inputs), _grads(selective_scan_ref, inputs, torch.float64)
+    ):
         assert got.dtype == torch.float32 and torch.isfinite(got).all()
-        torch.testing.assert_close(got.double(), want, rtol=GRAD_RTOL32, atol=GRAD_RTOL32 * want.abs().max().item(),
-                                   msg=lambda m: f"grad of {name}: {m}")
+        torch.testing.assert_close(
+            got.double(),
+            want,
+            rtol=GRAD_RTOL32,
+            atol=GRAD_RTOL32 * want.abs().max().item(),
+            msg=lambda m: f"grad of {name}: {m}",
+        )
 
 
 @needs_kernel
@@ -210,13 +225,15 @@ def test_fused_backward_passes_gradcheck_and_reads_either_output(monkeypatch):
     a loss of y alone or of the final state alone; gradients for only some inputs."""
     monkeypatch.setattr(scan_cpu, "CHECKPOINT_EVERY", 3)  # 7 positions: segments of 3, 3 and 1
     x, dl, A, B, C, D, h0 = (t.requires_grad_() for t in scan_inputs(2, 7, 18, 3, seed=22, dtype=torch.float64))
-    assert torch.autograd.gradcheck(lambda *a: selective_scan_cpu(*a[:6], h0=a[6], return_state=True),
-                                    (x, dl, A, B, C, D, h0))
+    assert torch.autograd.gradcheck(
+        lambda *a: selective_scan_cpu(*a[:6], h0=a[6], return_state=True), (x, dl, A, B, C, D, h0)
+    )
     assert torch.autograd.gradcheck(lambda *a: selective_scan_cpu(*a), (x, dl, A, B, C))
     inputs = [t.detach() for t in (x, dl, A, B, C, D, h0)]
     for loss in ("y", "h"):
-        for name, got, want in zip(NAMES, _grads(selective_scan_cpu, inputs, loss=loss),
-                                   _grads(selective_scan_ref, inputs, loss=loss)):
+        for name, got, want in zip(
+            NAMES, _grads(selective_scan_cpu, inputs, loss=loss), _grads(selective_scan_ref, inputs, loss=loss)
+        ):
             if want is None:  # C and D do not reach the final state: autograd leaves no gradient, the loop zeros
                 assert name in ("C", "D") and loss == "h" and (got is None or not got.any())
                 continue
@@ -247,16 +264,30 @@ def _extras_grads(fn, inputs, *, gate, bias, softplus, dtype=None, **kw):
     """y, the final state and every input's gradient (None where an input is not used)."""
     leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in inputs]
     x, dl, A, B, C, D, z, delta_bias, h0 = leaves
-    y, h = fn(x, dl, A, B, C, D, z=z if gate else None, delta_bias=delta_bias if bias else None,
-              delta_softplus=softplus, h0=h0, return_state=True, **kw)
+    y, h = fn(
+        x,
+        dl,
+        A,
+        B,
+        C,
+        D,
+        z=z if gate else None,
+        delta_bias=delta_bias if bias else None,
+        delta_softplus=softplus,
+        h0=h0,
+        return_state=True,
+        **kw,
+    )
     w = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(y.dtype)
     ((y * w).sum() + (h * h).sum()).backward()
     return [y.detach(), h.detach()] + [t.grad for t in leaves]
 
 
 @needs_kernel
-@pytest.mark.parametrize("gate, bias, softplus", [(True, True, True), (True, False, False), (False, True, True),
-                                                  (False, True, False), (True, False, True)])
+@pytest.mark.parametrize(
+    "gate, bias, softplus",
+    [(True, True, True), (True, False, False), (False, True, True), (False, True, False), (True, False, True)],
+)
 @pytest.mark.parametrize("b, L, d, n", [(2, 1, 3, 4), (2, 21, 17, 5), (3, 70, 37, 16), (1, 9, 70, 16)])
 def test_the_loop_takes_in_the_softplus_the_skip_and_the_gate(b, L, d, n, gate, bias, softplus, monkeypatch):
     """The official selective_scan_fn's extras, fused: Δ = softplus(delta + delta_bias) (or without
@@ -282,16 +313,22 @@ def test_the_loop_takes_in_the_softplus_the_skip_and_the_gate(b, L, d, n, gate, 
 def test_the_fused_extras_pass_gradcheck_and_fp32_stays_within_budget():
     inputs = [t.requires_grad_() for t in _extras_inputs(2, 11, 18, 3, seed=50)]
     assert torch.autograd.gradcheck(
-        lambda x, dl, A, B, C, D, z, bias, h0: selective_scan_cpu(x, dl, A, B, C, D, z=z, delta_bias=bias,
-                                                                  delta_softplus=True, h0=h0, return_state=True),
-        inputs)
+        lambda x, dl, A, B, C, D, z, bias, h0: selective_scan_cpu(
+            x, dl, A, B, C, D, z=z, delta_bias=bias, delta_softplus=True, h0=h0, return_state=True
+        ),
+        inputs,
+    )
     inputs = _extras_inputs(2, 500, 40, 16, seed=51, dtype=torch.float32)
     flags = dict(gate=True, bias=True, softplus=True)
-    for name, g, w in zip(("y", "state") + EXTRA_NAMES, _extras_grads(selective_scan_cpu, inputs, **flags),
-                          _extras_grads(selective_scan_ref, inputs, dtype=torch.float64, **flags)):
+    for name, g, w in zip(
+        ("y", "state") + EXTRA_NAMES,
+        _extras_grads(selective_scan_cpu, inputs, **flags),
+        _extras_grads(selective_scan_ref, inputs, dtype=torch.float64, **flags),
+    ):
         assert g.dtype == torch.float32 and torch.isfinite(g).all()
-        torch.testing.assert_close(g.double(), w, rtol=GRAD_RTOL32, atol=GRAD_RTOL32 * w.abs().max().item(),
-                                   msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            g.double(), w, rtol=GRAD_RTOL32, atol=GRAD_RTOL32 * w.abs().max().item(), msg=lambda m: f"{name}: {m}"
+        )
 
 
 @needs_kernel
@@ -301,8 +338,12 @@ def test_a_tiny_step_keeps_its_relative_precision():
     matches the reference's torch.softplus relatively, to 1e-12 (plain log(1 + w) is off by 1e-5)."""
     x, _, A, B, C, _, _ = scan_inputs(1, 6, 9, 4, seed=53, dtype=torch.float64)
     raw = torch.linspace(-30, -20, 54, dtype=torch.float64).view(1, 6, 9)
-    torch.testing.assert_close(selective_scan_cpu(x, raw, A, B, C, delta_softplus=True),
-                               selective_scan_ref(x, raw, A, B, C, delta_softplus=True), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        selective_scan_cpu(x, raw, A, B, C, delta_softplus=True),
+        selective_scan_ref(x, raw, A, B, C, delta_softplus=True),
+        rtol=1e-12,
+        atol=0,
+    )
 
 
 @pytest.mark.parametrize("impl", ["chunked", "parallel", "auto"])
@@ -314,8 +355,11 @@ def test_every_scan_applies_the_extras_as_the_reference_does(impl):
     fn = parallel_scan_ref if impl == "parallel" else lambda *a, **k: selective_scan(*a, impl=impl, **k)
     inputs = _extras_inputs(2, 13, 6, 4, seed=52)
     flags = dict(gate=True, bias=True, softplus=True)
-    for name, g, w in zip(("y", "state") + EXTRA_NAMES, _extras_grads(fn, inputs, **flags),
-                          _extras_grads(selective_scan_ref, inputs, **flags)):
+    for name, g, w in zip(
+        ("y", "state") + EXTRA_NAMES,
+        _extras_grads(fn, inputs, **flags),
+        _extras_grads(selective_scan_ref, inputs, **flags),
+    ):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=lambda m: f"{name}: {m}")
 
 
@@ -345,8 +389,9 @@ def test_auto_takes_the_loop_for_cpu_inputs_with_or_without_gradients():
     assert torch.equal(selective_scan(xg, dl, A, B, C, D), fused)  # a gradient is needed: the fused backward
     with torch.no_grad():
         assert torch.equal(selective_scan(xg, dl, A, B, C, D), fused)
-    assert torch.equal(selective_scan(x, dl, A, B, C, D, chunk_size=8), selective_scan(x, dl, A, B, C, D, chunk_size=8,
-                                                                                       impl="chunked"))
+    assert torch.equal(
+        selective_scan(x, dl, A, B, C, D, chunk_size=8), selective_scan(x, dl, A, B, C, D, chunk_size=8, impl="chunked")
+    )
     # a model reads and trains with the loop: its logits, loss and every parameter's gradient
     # match the chunked model's (fp32, rounding only)
     torch.manual_seed(0)
@@ -359,8 +404,9 @@ def test_auto_takes_the_loop_for_cpu_inputs_with_or_without_gradients():
     for m in (model, chunked_model):
         m(idx[:, :-1], idx[:, 1:])[1].backward()
     for (name, p), q in zip(model.named_parameters(), chunked_model.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * q.grad.abs().max().item(),
-                                   msg=lambda m: f"grad of {name}: {m}")
+        torch.testing.assert_close(
+            p.grad, q.grad, rtol=1e-4, atol=1e-4 * q.grad.abs().max().item(), msg=lambda m: f"grad of {name}: {m}"
+        )
 
 
 def test_without_the_kernel_auto_falls_back_and_the_kernel_says_why(monkeypatch):
@@ -374,13 +420,20 @@ def test_without_the_kernel_auto_falls_back_and_the_kernel_says_why(monkeypatch)
     assert not cpu_kernel_available()
 
 
-@pytest.mark.parametrize("env, expected", [({"ONEMASK_CPU_KERNEL": "0"}, "unavailable: switched off"),
-                                           ({"CC": "/nonexistent/cc"}, "unavailable: CC='/nonexistent/cc' is not")])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"ONEMASK_CPU_KERNEL": "0"}, "unavailable: switched off"),
+        ({"CC": "/nonexistent/cc"}, "unavailable: CC='/nonexistent/cc' is not"),
+    ],
+)
 def test_a_fresh_process_without_a_compiler_reports_it_and_still_scans(env, expected, tmp_path):
-    code = ("import torch; from lib.kernels.scan_cpu import cpu_kernel_status; from lib.scan import selective_scan;"
-            "print(cpu_kernel_status());"
-            "y = selective_scan(torch.randn(1, 9, 2), torch.rand(1, 9, 2), -torch.ones(2, 3), torch.randn(1, 9, 3),"
-            " torch.randn(1, 9, 3)); print(tuple(y.shape))")
+    code = (
+        "import torch; from lib.kernels.scan_cpu import cpu_kernel_status; from lib.scan import selective_scan;"
+        "print(cpu_kernel_status());"
+        "y = selective_scan(torch.randn(1, 9, 2), torch.rand(1, 9, 2), -torch.ones(2, 3), torch.randn(1, 9, 3),"
+        " torch.randn(1, 9, 3)); print(tuple(y.shape))"
+    )
     env = {**os.environ, "ONEMASK_CACHE": str(tmp_path), **env}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -398,7 +451,9 @@ def test_the_build_is_cached_by_source_and_flags(tmp_path, monkeypatch):
     stamp = first.stat().st_mtime_ns
     assert c_build.compile(scan_cpu.SOURCE, cc, version, scan_cpu._built_flags) == first
     assert first.stat().st_mtime_ns == stamp  # not rebuilt
-    other = c_build.compile(scan_cpu.SOURCE, cc, version, tuple(f for f in scan_cpu._built_flags if f != "-O3") + ("-O2",))
+    other = c_build.compile(
+        scan_cpu.SOURCE, cc, version, tuple(f for f in scan_cpu._built_flags if f != "-O3") + ("-O2",)
+    )
     assert other != first and sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, other.name])
     assert scan_cpu._self_check(c_build.load(other, scan_cpu.ENTRY_POINTS)) is None
 
@@ -432,8 +487,12 @@ def _conv_inputs(b, t, e, k, *, seed, dtype=torch.float64, bias=True, state=True
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(b, t, 2 * e, generator=g, dtype=dtype)[..., :e]  # a slice, as in_proj(x).chunk(2) gives
     w = torch.randn(e, 1, k, generator=g, dtype=dtype)
-    return (x, w, torch.randn(e, generator=g, dtype=dtype) if bias else None,
-            torch.randn(b, e, k - 1, generator=g, dtype=dtype) if state else None)
+    return (
+        x,
+        w,
+        torch.randn(e, generator=g, dtype=dtype) if bias else None,
+        torch.randn(b, e, k - 1, generator=g, dtype=dtype) if state else None,
+    )
 
 
 @needs_kernel
@@ -453,12 +512,15 @@ def test_conv_loop_is_the_grouped_conv1d_with_its_gradients(b, t, e, k, bias, st
         (y * w_out).sum().backward()
         return [y] + [None if v is None else v.grad for v in leaves]
 
-    got, want = run(lambda *a: causal_conv1d_cpu(*a, activation=activation)), run(lambda *a: causal_conv1d_ref(*a, activation))
-    for name, got, want in zip(("y", "x", "weight", "bias", "state"), got, want):
-        if want is None:
-            assert got is None
+    got, want = (
+        run(lambda *a: causal_conv1d_cpu(*a, activation=activation)),
+        run(lambda *a: causal_conv1d_ref(*a, activation)),
+    )
+    for name, got_one, want_one in zip(("y", "x", "weight", "bias", "state"), got, want):
+        if want_one is None:
+            assert got_one is None
             continue
-        torch.testing.assert_close(got, want, rtol=TOL64, atol=TOL64, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got_one, want_one, rtol=TOL64, atol=TOL64, msg=lambda m: f"{name}: {m}")
 
 
 @needs_kernel
@@ -493,8 +555,11 @@ def test_where_a_c_compiler_works_the_kernel_builds_and_passes_its_self_check(tm
     if cc is None:
         pytest.skip("no C compiler on this machine: the PyTorch scan is the designed fallback")
     (tmp_path / "probe.c").write_text("int onemask_probe(int x) { return x + 1; }\n")
-    probe = subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "probe.so"), str(tmp_path / "probe.c")],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [cc, "-shared", "-fPIC", "-o", str(tmp_path / "probe.so"), str(tmp_path / "probe.c")],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         pytest.skip(f"{cc} does not build a shared library here: {probe.stderr.strip()[:200]}")
     assert cpu_kernel_available(), f"a working compiler, yet the kernel is {cpu_kernel_status()}"

@@ -12,12 +12,12 @@ from functools import partial
 
 import pytest
 import torch
+from scan_builders import scan_inputs
 
 import lib.kernels.runtime as runtime
 from lib.kernels import kernel_mode
 from lib.mamba import MambaConfig, MambaLM
 from lib.scan import selective_scan, selective_scan_ref, selective_scan_triton
-from scan_builders import scan_inputs
 
 ON_GPU = torch.cuda.is_available() and kernel_mode() == "compiled"
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -35,8 +35,7 @@ def on_device(tensors):
 
 
 def assert_close32(actual, expected):
-    torch.testing.assert_close(actual.cpu(), expected.cpu(), rtol=RTOL32,
-                               atol=RTOL32 * expected.abs().max().item())
+    torch.testing.assert_close(actual.cpu(), expected.cpu(), rtol=RTOL32, atol=RTOL32 * expected.abs().max().item())
 
 
 @needs_kernels
@@ -106,7 +105,7 @@ def test_half_precision_input_is_computed_in_fp32():
     want = selective_scan_ref(*(t.half().float() for t in (x, dl, A, B, C, D)))
     assert y16.dtype == torch.float16
     # the only difference is the final rounding of y to fp16: half an ulp, 2^-11 relative
-    torch.testing.assert_close(y16.float().cpu(), want.cpu(), rtol=2 ** -10, atol=2 ** -10 * want.abs().max().item())
+    torch.testing.assert_close(y16.float().cpu(), want.cpu(), rtol=2**-10, atol=2**-10 * want.abs().max().item())
 
 
 @needs_kernels

@@ -6,7 +6,6 @@ import pytest
 from lib.serving import simulate_serving, sweep_block_sizes
 from lib.workload import Request, make_workload
 
-
 WORKLOAD = make_workload(60, seed=1, arrival_rate=0.5, prompt_mean=40, output_mean=40, max_len=256)
 CAPACITY = 1000  # not a multiple of 256: a 232-slot tail no max_len reservation can use
 CONFIGS = {
@@ -18,8 +17,10 @@ CONFIGS = {
     "paged b=16": dict(policy="paged", block_size=16),
     "paged b=16 watermark": dict(policy="paged", block_size=16, watermark=0.1),
 }
-RESULTS = {name: simulate_serving(WORKLOAD, capacity_tokens=CAPACITY, max_len=256, max_snapshots=40, **cfg)
-           for name, cfg in CONFIGS.items()}
+RESULTS = {
+    name: simulate_serving(WORKLOAD, capacity_tokens=CAPACITY, max_len=256, max_snapshots=40, **cfg)
+    for name, cfg in CONFIGS.items()
+}
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -148,17 +149,20 @@ def test_summary_and_sweep_report_rounded_numbers():
     assert "paged, 16-token blocks" in repr(RESULTS["paged b=16"]) and len(repr(RESULTS["paged b=16"])) < 200
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"policy": "buddy"}, ValueError, "policy must be one of"),
-    ({"block_size": 0}, ValueError, "block_size must be >= 1"),
-    ({"reserve": "half"}, ValueError, "reserve must be one of"),
-    ({"capacity_tokens": 255}, ValueError, "capacity_tokens=255 is smaller than one request"),
-    ({"policy": "paged", "capacity_tokens": 100, "block_size": 16}, ValueError, "could never run"),
-    ({"max_len": 50}, ValueError, "> max_len=50"),
-    ({"watermark": 1.0, "policy": "paged"}, ValueError, "watermark"),
-    ({"max_steps": 10}, RuntimeError, "max_steps=10"),
-    ({"capacity_tokens": 1000.0}, TypeError, "capacity_tokens must be an int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"policy": "buddy"}, ValueError, "policy must be one of"),
+        ({"block_size": 0}, ValueError, "block_size must be >= 1"),
+        ({"reserve": "half"}, ValueError, "reserve must be one of"),
+        ({"capacity_tokens": 255}, ValueError, "capacity_tokens=255 is smaller than one request"),
+        ({"policy": "paged", "capacity_tokens": 100, "block_size": 16}, ValueError, "could never run"),
+        ({"max_len": 50}, ValueError, "> max_len=50"),
+        ({"watermark": 1.0, "policy": "paged"}, ValueError, "watermark"),
+        ({"max_steps": 10}, RuntimeError, "max_steps=10"),
+        ({"capacity_tokens": 1000.0}, TypeError, "capacity_tokens must be an int"),
+    ],
+)
 def test_simulator_refuses_bad_input_clearly(kwargs, error, match):
     args = {"policy": "contiguous", "capacity_tokens": CAPACITY, "max_len": 256, **kwargs}
     with pytest.raises(error, match=match):
@@ -182,12 +186,16 @@ def test_token_share_of_capacity_against_a_hand_trace():
     reserved: oracle ranges [5, 8] (prompt + true output), blocks of 2 [4, 10]. Arriving at step 4
     instead, r1 leaves two empty steps, which count against the pool: 12 / (10 x 5) = 0.24."""
     reqs = (Request(0, 0, 3, 2), Request(1, 1, 2, 1))
-    for policy, kwargs, reserved in (("contiguous", {"reserve": "oracle"}, [5, 8]), ("paged", {"block_size": 2}, [4, 10])):
+    for policy, kwargs, reserved in (
+        ("contiguous", {"reserve": "oracle"}, [5, 8]),
+        ("paged", {"block_size": 2}, [4, 10]),
+    ):
         result = simulate_serving(reqs, policy=policy, capacity_tokens=10, max_len=8, **kwargs)
         assert result.used_tokens == [4, 8] and result.reserved_tokens == reserved and result.makespan == 2
         assert result.token_share_of_capacity() == pytest.approx(12 / 20)
         assert result.token_share() == pytest.approx(12 / sum(reserved))
-    late = simulate_serving((Request(0, 0, 3, 2), Request(1, 4, 2, 1)), policy="contiguous", capacity_tokens=10,
-                            max_len=8, reserve="oracle")
+    late = simulate_serving(
+        (Request(0, 0, 3, 2), Request(1, 4, 2, 1)), policy="contiguous", capacity_tokens=10, max_len=8, reserve="oracle"
+    )
     assert late.used_tokens == [4, 5, 0, 0, 3] and late.makespan == 5
     assert late.token_share_of_capacity() == pytest.approx(12 / 50)

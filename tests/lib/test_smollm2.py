@@ -20,8 +20,11 @@ from lib.smollm2 import ModelFileError, chat_ids, encode, gguf_path, load_smollm
 
 hf_logging.set_verbosity_error()
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n    if n <",
-           "Once upon a time, there was a little robot who"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n <",
+    "Once upon a time, there was a little robot who",
+]
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +95,15 @@ def test_cached_keys_and_values_equal_transformers_cache(ours, hf):
 def test_greedy_tokens_equal_transformers_generate(ours, hf):
     idx = encode("The three primary colours are")
     with torch.no_grad():
-        theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=16, min_new_tokens=16,
-                             do_sample=False, pad_token_id=2)
-        top2 = ours(theirs[:, :-1])[0, idx.shape[1] - 1:].topk(2, dim=-1).values
+        theirs = hf.generate(
+            idx,
+            attention_mask=torch.ones_like(idx),
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
+            pad_token_id=2,
+        )
+        top2 = ours(theirs[:, :-1])[0, idx.shape[1] - 1 :].topk(2, dim=-1).values
     assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-3  # no step decided by rounding
     assert torch.equal(generate(ours, idx, 16, temperature=0.0), theirs)
 
@@ -112,8 +121,9 @@ def test_tokenizer_equals_transformers_gguf_tokenizer_and_chat_template():
         assert encode(text)[0].tolist() == theirs(text, add_special_tokens=False)["input_ids"]
     chat = chat_ids([{"role": "user", "content": "Hi"}])[0].tolist()
     text = smollm2.tokenizer().decode(chat)
-    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nHi<|im_end|>\n"
-                                                                       "<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\n") and text.endswith(
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 # --------------------------------------------------------------------------- quantised blocks

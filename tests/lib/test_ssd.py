@@ -16,8 +16,12 @@ from lib.ssd import decay_mask, selective_scan_attention, ssm_attention_matrix
 def test_the_masked_matrix_is_the_scan_in_fp64(b, l, d, n, x_sign):
     x, dl, A, B, C, D, _ = scan_inputs(b, l, d, n, seed=b + l + d + n, dtype=torch.float64, x_sign=x_sign)
     for skip in (None, D):
-        torch.testing.assert_close(selective_scan_attention(x, dl, A, B, C, skip),
-                                   selective_scan_ref(x, dl, A, B, C, skip), rtol=TOL64, atol=TOL64)
+        torch.testing.assert_close(
+            selective_scan_attention(x, dl, A, B, C, skip),
+            selective_scan_ref(x, dl, A, B, C, skip),
+            rtol=TOL64,
+            atol=TOL64,
+        )
 
 
 def test_fp32_agrees_with_the_reference_and_keeps_the_input_dtype():
@@ -27,8 +31,9 @@ def test_fp32_agrees_with_the_reference_and_keeps_the_input_dtype():
     x, dl, A, B, C, D, _ = scan_inputs(2, 64, 4, 8, seed=3)
     y = selective_scan_attention(x.half(), dl, A, B, C, D)
     assert y.dtype == torch.float16
-    torch.testing.assert_close(selective_scan_attention(x, dl, A, B, C, D), selective_scan_ref(x, dl, A, B, C, D),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        selective_scan_attention(x, dl, A, B, C, D), selective_scan_ref(x, dl, A, B, C, D), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_the_mask_is_the_causal_mask_with_decays_under_the_diagonal():
@@ -54,8 +59,9 @@ def test_one_decay_per_channel_factors_as_a_mask_times_c_b_transposed():
     L = decay_mask(dl, A)[:, :, 0].exp()  # (B, D, L, L): entry n = 0 stands for all
     CB = torch.einsum("btn,bsn->bts", C, B)  # (B, L, L)
     torch.testing.assert_close(W, L * CB[:, None] * dl.transpose(1, 2)[:, :, None, :], rtol=TOL64, atol=TOL64)
-    torch.testing.assert_close(torch.einsum("bdts,bsd->btd", W, x), selective_scan_ref(x, dl, A, B, C),
-                               rtol=TOL64, atol=TOL64)
+    torch.testing.assert_close(
+        torch.einsum("bdts,bsd->btd", W, x), selective_scan_ref(x, dl, A, B, C), rtol=TOL64, atol=TOL64
+    )
 
 
 EXTRAS = {"h0", "z", "delta_bias", "delta_softplus"}  # the masked form takes no initial state and no mixer extras

@@ -50,7 +50,7 @@ class _Lookup(nn.Module):
         h = (self.emb(idx) + self.pos).reshape(B, -1)
         ans = self.mix(h).reshape(B, self.task.n_data, -1)
         logits = torch.zeros(B, T, self.task.vocab_size)
-        return torch.cat([logits[:, :T - self.task.n_data], ans], dim=1)
+        return torch.cat([logits[:, : T - self.task.n_data], ans], dim=1)
 
 
 def test_training_lowers_the_loss_and_accuracy_counts_only_answers():
@@ -97,14 +97,14 @@ def test_associative_recall_answers_each_query_with_its_stored_value():
     assert idx.shape == targets.shape == (128, task.seq_len) == (128, 16)
     P = task.n_pairs
     for row, tgt in zip(idx, targets):
-        keys, values = row[0:2 * P:2], row[1:2 * P:2]
+        keys, values = row[0 : 2 * P : 2], row[1 : 2 * P : 2]
         assert len(set(keys.tolist())) == P and ((keys >= 2) & (keys < 12)).all()
         assert ((values >= 12) & (values < task.vocab_size)).all() and row[2 * P] == RECALL
         store = dict(zip(keys.tolist(), values.tolist()))
-        queries = row[2 * P + 1:].tolist()
+        queries = row[2 * P + 1 :].tolist()
         assert len(set(queries)) == len(queries) and all(q in store for q in queries)
-        assert tgt[2 * P + 1:].tolist() == [store[q] for q in queries]
-        assert (tgt[:2 * P + 1] == IGNORE).all()
+        assert tgt[2 * P + 1 :].tolist() == [store[q] for q in queries]
+        assert (tgt[: 2 * P + 1] == IGNORE).all()
     assert "| k" in task.describe(idx[0])
     with pytest.raises(ValueError, match="n_queries must be <= n_pairs"):
         AssociativeRecall(n_pairs=2, n_queries=3)

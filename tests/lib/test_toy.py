@@ -1,5 +1,5 @@
-"""lib.toy: the tokenizer, padding with its attention mask, the toy q/k/v and the sinusoidal positions follow their definitions."""
-
+"""lib.toy: the tokenizer, padding with its attention mask, the toy q/k/v and the sinusoidal positions follow
+their definitions."""
 
 import pytest
 import torch

@@ -45,8 +45,17 @@ def test_the_loop_is_the_loop_written_by_hand_bit_for_bit(schedule, clip):
     want = _by_hand(a, 12, 3e-3, schedule, clip)
     g = torch.Generator().manual_seed(5)
     seen = []
-    got = train(b, lambda step: get_batch(DATA, 4, 16, g), lambda model, xy: model(*xy)[1], steps=12, lr=3e-3,
-                weight_decay=0.1, schedule=schedule, clip_norm=clip, on_step=lambda s, loss: seen.append((s, loss)))
+    got = train(
+        b,
+        lambda step: get_batch(DATA, 4, 16, g),
+        lambda model, xy: model(*xy)[1],
+        steps=12,
+        lr=3e-3,
+        weight_decay=0.1,
+        schedule=schedule,
+        clip_norm=clip,
+        on_step=lambda s, loss: seen.append((s, loss)),
+    )
     assert got == want and seen == list(enumerate(want)) and not b.training
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 

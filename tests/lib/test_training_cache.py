@@ -2,17 +2,18 @@
 anything the result depends on is never replayed."""
 
 import copy
+
 import pytest
 import torch
 
 import lib.moe_lm
 import lib.train
-from lib.gpt import GPT, GPTConfig
-from lib.train import train_lm
 from lib.course.precision import default_dtype
+from lib.course.training_cache import ENV_DIR, ENV_MODE, Unfingerprintable, cache_dir, run_key
+from lib.gpt import GPT, GPTConfig
 from lib.moe_lm import moe_gpt, router_logits_of, train_moe_lm
 from lib.tasks import SelectiveCopying, train_on_task
-from lib.course.training_cache import ENV_DIR, ENV_MODE, Unfingerprintable, cache_dir, run_key
+from lib.train import train_lm
 
 DATA = torch.arange(400) % 23  # a 1-D token stream, vocab 23
 KW = dict(steps=6, batch_size=4, seq_len=16, lr=3e-3, seed=0)
@@ -46,8 +47,10 @@ def cache(tmp_path, monkeypatch):
 
 def forbid_training(monkeypatch, module=lib.train, name="get_batch"):
     """Make any real training step fail: what runs afterwards must be a replay."""
+
     def boom(*a, **k):
         raise AssertionError("trained for real where a replay was expected")
+
     monkeypatch.setattr(module, name, boom)
 
 
@@ -130,8 +133,9 @@ def test_a_run_that_differs_in_anything_has_another_key():
         assert run_key(train_lm, args) != k2
 
 
-@pytest.mark.parametrize("variable, value", [("ATEN_CPU_CAPABILITY", "default"), ("ONEMASK_CPU_KERNEL", "0"),
-                                             ("CC", "clang")])
+@pytest.mark.parametrize(
+    "variable, value", [("ATEN_CPU_CAPABILITY", "default"), ("ONEMASK_CPU_KERNEL", "0"), ("CC", "clang")]
+)
 def test_a_run_under_other_numerics_or_another_scan_kernel_has_another_key(variable, value, monkeypatch):
     args = dict(model=tiny_gpt(), data=DATA, **KW)
     monkeypatch.delenv(variable, raising=False)
@@ -142,12 +146,17 @@ def test_a_run_under_other_numerics_or_another_scan_kernel_has_another_key(varia
 
 def test_a_class_defined_in_a_notebook_is_keyed_by_its_code():
     """Two classes with the same name and the same weights but another forward must not share a run."""
+
     def make(body):
         ns = {"torch": torch, "__name__": "__main__"}
-        exec("class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-             "        self.lin = torch.nn.Linear(4, 4)\n    def forward(self, x):\n        return " + body, ns)
+        exec(
+            "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.lin = torch.nn.Linear(4, 4)\n    def forward(self, x):\n        return " + body,
+            ns,
+        )
         torch.manual_seed(0)
         return ns["Net"]()
+
     a, b, a2 = make("self.lin(x)"), make("self.lin(x).relu()"), make("self.lin(x)")
     key = lambda m: run_key(train_lm, dict(model=m, data=DATA))
     assert key(a) == key(a2) and key(a) != key(b)
@@ -216,9 +225,11 @@ class _Slotted:
 
 def test_replay_restores_what_the_run_left_on_modules(cache, monkeypatch):
     """An MoE layer keeps its last router logits: after a replay they are the real run's."""
+
     def model():
         torch.manual_seed(0)
         return moe_gpt(GPTConfig(vocab_size=23, block_size=16, n_layer=1, n_head=2, n_embd=16), 4, 2, 32)
+
     real = model()
     train_lm(real, DATA, **KW)
     forbid_training(monkeypatch)
@@ -236,6 +247,7 @@ def test_train_on_task_and_train_moe_lm_replay(cache, monkeypatch):
     def model():
         torch.manual_seed(0)
         return GPT(GPTConfig.tiny(vocab_size=task.vocab_size, n_layer=1, n_embd=16, n_head=2, block_size=task.seq_len))
+
     real = model()
     losses = train_on_task(real, task, steps=4, batch_size=8)
     moe = train_moe_lm(0.1, steps=3, n_layer=1, n_embd=16, d_ff=32, num_experts=4, seq_len=16)
@@ -256,8 +268,16 @@ def test_train_on_task_and_train_moe_lm_replay(cache, monkeypatch):
 
 def test_a_callback_given_more_than_a_loss_is_not_replayed(cache, monkeypatch):
     seen = []
-    train_moe_lm(0.1, steps=2, n_layer=1, n_embd=16, d_ff=32, num_experts=4, seq_len=16,
-                 on_step=lambda step, record: seen.append(len(record.loss)))
+    train_moe_lm(
+        0.1,
+        steps=2,
+        n_layer=1,
+        n_embd=16,
+        d_ff=32,
+        num_experts=4,
+        seq_len=16,
+        on_step=lambda step, record: seen.append(len(record.loss)),
+    )
     assert seen == [1, 2] and entries(cache) == []  # its record grows step by step: nothing to replay
 
 

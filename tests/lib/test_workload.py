@@ -21,21 +21,27 @@ def test_workload_follows_its_stated_distribution():
     # Geometric with mean m has standard deviation sqrt(m(m-1)) < m, so the mean of 4000 draws is
     # within m/sqrt(4000) ~ 1.6% (one sigma) of m: 6% is beyond 3.5 sigma. The same holds for the
     # mean exponential gap 1/rate.
-    for got, want in ((sum(r.prompt_len for r in reqs) / n, 50), (sum(r.output_len for r in reqs) / n, 120),
-                      (reqs[-1].arrival / n, 1 / 0.5)):
+    for got, want in (
+        (sum(r.prompt_len for r in reqs) / n, 50),
+        (sum(r.output_len for r in reqs) / n, 120),
+        (reqs[-1].arrival / n, 1 / 0.5),
+    ):
         assert abs(got - want) / want < 0.06
     assert min(r.output_len for r in reqs) == 1 and sum(r.output_len == 1 for r in reqs) > n / 120 / 2  # P(1) = 1/m
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"n_requests": 0}, ValueError, "n_requests"),
-    ({"arrival_rate": 0}, ValueError, "arrival_rate"),
-    ({"arrival_rate": float("inf")}, ValueError, "arrival_rate"),
-    ({"prompt_mean": 0.5}, ValueError, "prompt_mean"),
-    ({"output_mean": "200"}, TypeError, "output_mean"),
-    ({"max_len": 1}, ValueError, "max_len"),
-    ({"seed": -1}, ValueError, "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"n_requests": 0}, ValueError, "n_requests"),
+        ({"arrival_rate": 0}, ValueError, "arrival_rate"),
+        ({"arrival_rate": float("inf")}, ValueError, "arrival_rate"),
+        ({"prompt_mean": 0.5}, ValueError, "prompt_mean"),
+        ({"output_mean": "200"}, TypeError, "output_mean"),
+        ({"max_len": 1}, ValueError, "max_len"),
+        ({"seed": -1}, ValueError, "seed"),
+    ],
+)
 def test_workload_refuses_bad_input(kwargs, error, match):
     with pytest.raises(error, match=match):
         make_workload(**{"n_requests": 5, **kwargs})

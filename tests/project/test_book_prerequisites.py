@@ -34,4 +34,6 @@ def test_course_map_column_matches_the_prerequisites_data():
     assert [number for number, _ in rows] == sorted(PREREQUISITES)
     for number, cell in rows:
         expected = ", ".join(entry["lesson"] for entry in PREREQUISITES[number]) or "none"
-        assert cell.strip() == expected, f"course map, lesson {number}: {cell!r}, book/prerequisites.yml says {expected!r}"
+        assert cell.strip() == expected, (
+            f"course map, lesson {number}: {cell!r}, book/prerequisites.yml says {expected!r}"
+        )

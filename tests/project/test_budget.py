@@ -27,21 +27,29 @@ def test_lesson_runs_within_its_budget_with_a_margin(md):
     record = json.loads(TIMES.read_text())["lessons"].get(md.stem)
     assert record is not None, f"{md.name} has no recorded run time: run `make notebooks`"
     code = tool.code_sha256(json.loads(md.with_suffix(".ipynb").read_text()))
-    assert record["code_sha256"] == code, \
+    assert record["code_sha256"] == code, (
         f"{md.name}'s code changed since its run time was recorded: run `make notebooks`"
+    )
     assert record["machine"]["threads"] <= 2, "the budget is for 2 cores: 2 threads at most"
     limit = BUDGET_S / MARGIN
     slowest = ", ".join(f"cell {i}: {s:.0f} s" for i, s in record["slowest_code_cells"].items())
     assert record["seconds"] <= limit, (
         f"{md.name} computed for {record['seconds']:.0f} s, over {limit:.0f} s "
-        f"(the {BUDGET_S:.0f} s budget with a margin); its slowest code cells: {slowest}")
+        f"(the {BUDGET_S:.0f} s budget with a margin); its slowest code cells: {slowest}"
+    )
 
 
 def test_the_record_reads_the_cells_own_timing():
     """tools/execute_lessons.py sums what nbconvert recorded for each cell, and a prose edit
     leaves the code's hash as it was."""
-    cell = {"metadata": {"execution": {"iopub.execute_input": "2026-12-04T10:00:00.250000Z",
-                                       "shell.execute_reply": "2026-12-04T10:00:02.000000Z"}}}
+    cell = {
+        "metadata": {
+            "execution": {
+                "iopub.execute_input": "2026-12-04T10:00:00.250000Z",
+                "shell.execute_reply": "2026-12-04T10:00:02.000000Z",
+            }
+        }
+    }
     assert tool.cell_seconds(cell) == pytest.approx(1.75)
     assert tool.cell_seconds({"metadata": {}}) == 0.0  # a cell not executed (markdown) costs nothing
     nb = {"cells": [{"cell_type": "markdown", "source": "prose"}, {"cell_type": "code", "source": "x = 1"}]}

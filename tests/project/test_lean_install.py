@@ -12,15 +12,33 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LEFT_OUT = ("scipy", "sklearn", "sentence_transformers", "matplotlib", "boto3", "botocore", "sentencepiece",
-            "nbclassic")
-LEFT_OUT_DISTS = ("scipy", "scikit-learn", "sentence-transformers", "matplotlib", "boto3", "botocore",
-                  "sentencepiece", "pillow", "nbclassic")
+LEFT_OUT = (
+    "scipy",
+    "sklearn",
+    "sentence_transformers",
+    "matplotlib",
+    "boto3",
+    "botocore",
+    "sentencepiece",
+    "nbclassic",
+)
+LEFT_OUT_DISTS = (
+    "scipy",
+    "scikit-learn",
+    "sentence-transformers",
+    "matplotlib",
+    "boto3",
+    "botocore",
+    "sentencepiece",
+    "pillow",
+    "nbclassic",
+)
 
 
 def _names(lock: str) -> set[str]:
-    return {re.sub(r"[-_.]+", "-", m.group(1)).lower()
-            for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)==", lock, re.M)}
+    return {
+        re.sub(r"[-_.]+", "-", m.group(1)).lower() for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)==", lock, re.M)
+    }
 
 
 def test_the_students_lock_and_the_hub_image_leave_the_unused_dependencies_out():
@@ -70,8 +88,9 @@ print("views", len(html))
 def _run_without(view: Path, code: str):
     # -S: no site-packages but the view (addsitedir also reads its .pth files: the course's editable install)
     start = f"import site; site.addsitedir({str(view)!r})\n"
-    return subprocess.run([sys.executable, "-S", "-c", start + code], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-S", "-c", start + code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
 
 
 def test_the_bert_views_and_minilm_work_without_the_left_out_packages(tmp_path):

@@ -46,8 +46,7 @@ def uv_binary() -> str:
 
 
 def names(text: str) -> set[str]:
-    return {re.sub(r"[-_.]+", "-", m.group(1)).lower()
-            for line in text.splitlines() if (m := NAME.match(line))}
+    return {re.sub(r"[-_.]+", "-", m.group(1)).lower() for line in text.splitlines() if (m := NAME.match(line))}
 
 
 def pypi_only_env() -> dict[str, str]:
@@ -58,10 +57,28 @@ def pypi_only_env() -> dict[str, str]:
 def resolve(uv: str, lock: Path, platform: str, python: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         # --python: build with this interpreter instead of searching the machine for a 3.12 (slow)
-        [uv, "pip", "compile", str(lock), "--python", sys.executable,
-         "--python-platform", platform, "--python-version", python,
-         "--no-header", "--no-annotate", "--quiet", "--no-config", "--color", "never"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            uv,
+            "pip",
+            "compile",
+            str(lock),
+            "--python",
+            sys.executable,
+            "--python-platform",
+            platform,
+            "--python-version",
+            python,
+            "--no-header",
+            "--no-annotate",
+            "--quiet",
+            "--no-config",
+            "--color",
+            "never",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
         # only PyPI: no index or find-links of this machine's own
         env=pypi_only_env() | {"MACOSX_DEPLOYMENT_TARGET": MACOS},
     )
@@ -69,8 +86,9 @@ def resolve(uv: str, lock: Path, platform: str, python: str) -> subprocess.Compl
 
 def failures(locks: list[Path]) -> list[str]:
     uv = uv_binary()
-    jobs = [(lock, label, platform, python) for lock in locks
-            for label, platform in PLATFORMS.items() for python in PYTHONS]
+    jobs = [
+        (lock, label, platform, python) for lock in locks for label, platform in PLATFORMS.items() for python in PYTHONS
+    ]
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(lambda job: resolve(uv, job[0], job[2], job[3]), jobs))
     problems = []
@@ -95,13 +113,26 @@ def test_every_lock_resolves_on_every_supported_platform_and_python():
 def test_the_locks_and_environment_yml_are_what_make_lock_writes_from_pyproject(tmp_path):
     """Nobody edited a generated file by hand, and pyproject.toml did not change without a
     re-lock: tools/lock.sh, run on copies, rewrites all five files byte for byte."""
-    files = ("pyproject.toml", "requirements.lock", "requirements-dev.lock", "environment.yml",
-             "binder/requirements.txt", "requirements-hub.lock", "tools/lock.sh", "tools/make_binder.py")
+    files = (
+        "pyproject.toml",
+        "requirements.lock",
+        "requirements-dev.lock",
+        "environment.yml",
+        "binder/requirements.txt",
+        "requirements-hub.lock",
+        "tools/lock.sh",
+        "tools/make_binder.py",
+    )
     for name in files:
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes((ROOT / name).read_bytes())
-    result = subprocess.run(["bash", str(tmp_path / "tools" / "lock.sh")], capture_output=True, text=True,
-                            timeout=300, env=pypi_only_env() | {"UV": uv_binary(), "PYTHON": sys.executable})
+    result = subprocess.run(
+        ["bash", str(tmp_path / "tools" / "lock.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=pypi_only_env() | {"UV": uv_binary(), "PYTHON": sys.executable},
+    )
     assert result.returncode == 0, result.stderr
     stale = [name for name in files[1:6] if (tmp_path / name).read_text() != (ROOT / name).read_text()]
     assert not stale, f"{stale} differ from what `make lock` writes from pyproject.toml: run make lock"

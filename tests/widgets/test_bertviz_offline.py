@@ -33,7 +33,7 @@ def test_view_carries_the_attention_weights_rounded():
     params = json.loads(re.search(r"const params = (\{.*?\});", html, re.S).group(1))
     drawn = torch.tensor(params["attention"][0]["attn"], dtype=torch.float64)  # (L, H, T, T), batch item 0
     expected = torch.stack([a[0] for a in atts]).double()
-    assert torch.allclose(drawn, expected, atol=0.5 * 10 ** -DIGITS)
+    assert torch.allclose(drawn, expected, atol=0.5 * 10**-DIGITS)
     assert params["attention"][0]["left_text"] == TOKENS
 
 

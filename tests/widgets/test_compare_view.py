@@ -27,7 +27,9 @@ def test_live_face_switches_metric_on_every_menu_option():
     assert [v for _, v in view.menu.options] == list(RESULTS)
     for metric in RESULTS:
         view.menu.value = metric
-        assert [list(t.y) for t in view.figure.data] == [list(compare_figure(RESULTS, metric).data[i].y) for i in range(2)]
+        assert [list(t.y) for t in view.figure.data] == [
+            list(compare_figure(RESULTS, metric).data[i].y) for i in range(2)
+        ]
         assert view.figure.layout.title.text == METRICS[metric][0]
     assert "live widget" in view._repr_mimebundle_()["text/plain"]
 
@@ -48,10 +50,17 @@ def test_seed_range_figure_draws_the_mean_and_the_lowest_and_highest_seed():
     fig = seed_range_figure(lines, title="t", x_title="P", styles={"GPT (this run)": dict(color="#000000", dash="dot")})
     record, live = fig.data
     assert list(record.x) == [4, 8] and list(record.y) == pytest.approx([0.9, 0.6])
-    assert list(record.error_y.array) == pytest.approx([0.1, 0.1]) and list(record.error_y.arrayminus) == pytest.approx([0.1, 0.1])
+    assert list(record.error_y.array) == pytest.approx([0.1, 0.1]) and list(record.error_y.arrayminus) == pytest.approx(
+        [0.1, 0.1]
+    )
     assert list(live.y) == [0.3, 0.2] and live.error_y.array is None  # one run: no bar
-    assert live.line.dash == "dot" and live.line.color == "#000000" and record.line.color  # a style, or a default colour
-    assert fig.layout.xaxis.type == "linear" and seed_range_figure(lines, title="t", x_title="P", log_x=True).layout.xaxis.type == "log"
+    assert (
+        live.line.dash == "dot" and live.line.color == "#000000" and record.line.color
+    )  # a style, or a default colour
+    assert (
+        fig.layout.xaxis.type == "linear"
+        and seed_range_figure(lines, title="t", x_title="P", log_x=True).layout.xaxis.type == "log"
+    )
 
 
 def test_seed_range_figure_refuses_what_it_cannot_draw():
@@ -65,14 +74,23 @@ def test_seed_range_figure_refuses_what_it_cannot_draw():
         seed_range_figure({"a": [0.5]}, title="t", x_title="P")
 
 
-SEEDS = {"recall": {"GPT": ([4, 16], [[1.0, 1.0, 1.0], [0.7, 0.5, 0.6]]), "Hybrid": ([4, 16], [[1.0, 0.9, 1.0], [0.9, 1.0, 0.8]])}}
+SEEDS = {
+    "recall": {
+        "GPT": ([4, 16], [[1.0, 1.0, 1.0], [0.7, 0.5, 0.6]]),
+        "Hybrid": ([4, 16], [[1.0, 0.9, 1.0], [0.9, 1.0, 0.8]]),
+    }
+}
 LIVE = {"recall": {"GPT": ([4, 16], [0.3, 0.2]), "Hybrid": ([4, 16], [0.1, 0.07])}}
 
 
 def test_several_seeds_draw_the_mean_with_a_bar_from_the_lowest_to_the_highest():
     gpt, hybrid = compare_figure(SEEDS, "recall").data
-    assert list(gpt.y) == pytest.approx([1.0, 0.6]) and list(hybrid.y) == pytest.approx([29 / 30, 0.9], rel=1e-3)  # to 4 digits
-    assert list(gpt.error_y.array) == pytest.approx([0.0, 0.1]) and list(gpt.error_y.arrayminus) == pytest.approx([0.0, 0.1])
+    assert list(gpt.y) == pytest.approx([1.0, 0.6]) and list(hybrid.y) == pytest.approx(
+        [29 / 30, 0.9], rel=1e-3
+    )  # to 4 digits
+    assert list(gpt.error_y.array) == pytest.approx([0.0, 0.1]) and list(gpt.error_y.arrayminus) == pytest.approx(
+        [0.0, 0.1]
+    )
     assert compare_figure(RESULTS, "recall").data[0].error_y.array is None  # one run: no bar
     with pytest.raises(ValueError, match="non-empty lists of numbers"):
         compare_figure({"recall": {"GPT": ([4], [[]])}}, "recall")
@@ -95,6 +113,10 @@ def test_switching_between_metrics_with_and_without_an_overlay_redraws_every_tra
     view.menu.value = "copy"  # no overlay here: two traces where there were four
     assert [t.name for t in view.figure.data] == ["GPT (record)", "Mamba (record)"]
     view.menu.value = "recall"
-    assert [t.name for t in view.figure.data] == ["GPT (record)", "Hybrid (record)", "GPT (this page's run)",
-                                                  "Hybrid (this page's run)"]
+    assert [t.name for t in view.figure.data] == [
+        "GPT (record)",
+        "Hybrid (record)",
+        "GPT (this page's run)",
+        "Hybrid (this page's run)",
+    ]
     assert view.figure.data[2].line.dash == "dot"

@@ -7,10 +7,10 @@ import json
 import ipywidgets as W
 import pytest
 from plotly.utils import PlotlyJSONEncoder
-
 from test_compare_view import LIVE, RESULTS, SEEDS
 from test_router_view import _run
 from test_ssm_state import _runs
+
 from widgets import KVCalculator, MaskExplorer, TileSchedule
 from widgets._base import live_view_of
 from widgets.compare_view import CompareView
@@ -44,8 +44,7 @@ VIEWS = {
     "router": lambda: RouterView({"a": _run(S=6), "b": _run(S=4, seed=1)}, step=5),
     "compare": lambda: CompareView(RESULTS),
     # lesson 08's: a record of several seeds, this page's run dotted over the metrics it measured
-    "compare, record and overlay": lambda: CompareView(dict(SEEDS, copy=RESULTS["copy"]), overlay=LIVE,
-                                                        label="record"),
+    "compare, record and overlay": lambda: CompareView(dict(SEEDS, copy=RESULTS["copy"]), overlay=LIVE, label="record"),
 }
 
 

@@ -18,8 +18,16 @@ from widgets import gallery
 from widgets.gallery import GALLERY, PRESENTER_CSS, build, present, presented
 
 ROOT = Path(__file__).resolve().parents[2]
-EIGHT = ["mask_explorer", "mlm_corruption", "sampling_knobs", "kv_calculator", "paging_simulator",
-         "tile_schedule", "ssm_state_animator", "router_animator"]
+EIGHT = [
+    "mask_explorer",
+    "mlm_corruption",
+    "sampling_knobs",
+    "kv_calculator",
+    "paging_simulator",
+    "tile_schedule",
+    "ssm_state_animator",
+    "router_animator",
+]
 
 
 @pytest.fixture
@@ -60,8 +68,10 @@ def _router_claim(_widget):
     (about 2.27x). The runs train in float64, so these are the same numbers on every CPU."""
     runs = demos.moe_runs()
     aux = {label: sum(run["aux_loss"][-10:]) / 10 for label, run in runs.items()}
-    busiest = {label: (run["load"][-10:].max(dim=-1).values.max(dim=-1).values.mean()
-                       * run["load"].shape[-1]).item() for label, run in runs.items()}
+    busiest = {
+        label: (run["load"][-10:].max(dim=-1).values.max(dim=-1).values.mean() * run["load"].shape[-1]).item()
+        for label, run in runs.items()
+    }
     assert abs(aux["α = 0.1"] - 2) < 0.1 and aux["α = 0"] > 2.3, aux
     assert 1.15 < busiest["α = 0.1"] < 1.6 and busiest["α = 0"] > 2.0, busiest
 
@@ -71,8 +81,9 @@ def _ssm_claim(widget):
     view_slider = next(w for w in _walk(widget) if isinstance(w, W.IntSlider))
     assert view_slider.description == "token" and view_slider.value == 1
     _, models = demos.ssm_models()
-    from lib.mamba import trace_states
     import torch
+
+    from lib.mamba import trace_states
 
     idx = torch.tensor([[2, 0, 0, 3, 0, 1, 1]])  # A . . B . ? ?
     spread = {name: trace_states(m, idx, layer=1)["delta"][0].std(dim=0).max().item() for name, m in models.items()}
@@ -149,8 +160,14 @@ def test_voila_serves_on_localhost_only_with_a_token_and_the_gallery_template(tm
     make_gallery = _load_make_gallery()
     argv, env = make_gallery.voila_command(tmp_path, 8899, "t0k3n")
     assert str(tmp_path / "notebooks") in argv
-    for flag in ("--Voila.ip=127.0.0.1", "--port=8899", "--Voila.token=t0k3n", "--template=onemask",
-                 "--no-browser", "--Voila.port_retries=0"):
+    for flag in (
+        "--Voila.ip=127.0.0.1",
+        "--port=8899",
+        "--Voila.token=t0k3n",
+        "--template=onemask",
+        "--no-browser",
+        "--Voila.port_retries=0",
+    ):
         assert flag in argv
     assert env["JUPYTER_PATH"].split(":")[0] == str(tmp_path / "share")
 

@@ -43,7 +43,8 @@ def lib_numbers(state: KVCalcState) -> dict:
     budget = {"memory_bytes": memory, "bytes_per_elem": bpe, "weight_bytes_per_elem": w_bpe}
     return {
         "cache": kv_cache_bytes(shape.n_layers, state.batch, state.context, shape.n_kv_heads, shape.head_dim, bpe),
-        "weights": weight_bytes(shape.n_params, w_bpe), "memory": memory,
+        "weights": weight_bytes(shape.n_params, w_bpe),
+        "memory": memory,
         "max_batch": max_batch(shape, seq_len=state.context, **budget),
         "max_context": max_context(shape, batch=state.batch, **budget),
     }
@@ -114,8 +115,10 @@ def test_buttons_carry_each_models_numbers():
         n = lib_numbers(s)
         (w,), (c,) = b.args[0]["x"]
         assert w == pytest.approx(n["weights"] / 1e9, rel=REL) and c == pytest.approx(n["cache"] / 1e9, rel=REL)
-        assert b.args[0]["customdata"] == [[[f"{n['weights']:,}", format_bytes(n["weights"])]],
-                                           [[f"{n['cache']:,}", format_bytes(n["cache"])]]]
+        assert b.args[0]["customdata"] == [
+            [[f"{n['weights']:,}", format_bytes(n["weights"])]],
+            [[f"{n['cache']:,}", format_bytes(n["cache"])]],
+        ]
         assert_title_says(b.args[1]["title.text"], s, n)
         assert list(b.args[2]) == [0, 1]  # the GPU line stays
         assert PUBLIC_CONFIGS[s.model].attention in b.label
@@ -150,10 +153,15 @@ def test_figure_json_is_deterministic_and_finite():
 
 
 def test_bad_states_are_refused_by_name():
-    for change, error, name in [({"model": "GPT-5"}, ValueError, "model"), ({"dtype": "fp64"}, ValueError, "dtype"),
-                                ({"weight_dtype": 2}, ValueError, "weight_dtype"), ({"gpu": "8 GB"}, ValueError, "gpu"),
-                                ({"batch": 0}, ValueError, "batch"), ({"context": 4096.0}, TypeError, "context"),
-                                ({"n_heads": -1, "model": "custom"}, ValueError, "n_heads")]:
+    for change, error, name in [
+        ({"model": "GPT-5"}, ValueError, "model"),
+        ({"dtype": "fp64"}, ValueError, "dtype"),
+        ({"weight_dtype": 2}, ValueError, "weight_dtype"),
+        ({"gpu": "8 GB"}, ValueError, "gpu"),
+        ({"batch": 0}, ValueError, "batch"),
+        ({"context": 4096.0}, TypeError, "context"),
+        ({"n_heads": -1, "model": "custom"}, ValueError, "n_heads"),
+    ]:
         with pytest.raises(error, match=name):
             kv_calculator_figure(**change)
     with pytest.raises(TypeError, match="state"):
@@ -275,8 +283,7 @@ def test_moving_batch_redraws_in_place():
 
 def test_set_state_widens_controls_for_values_beyond_them():
     calc = KVCalculator()
-    state = KVCalcState(model="custom", n_layers=200, n_heads=40, n_kv_heads=10, head_dim=100, batch=1000,
-                        context=5000)
+    state = KVCalcState(model="custom", n_layers=200, n_heads=40, n_kv_heads=10, head_dim=100, batch=1000, context=5000)
     calc.set_state(state)
     assert calc.state == state.clamped()
     assert calc.controls["batch"].max == 1000 and 100 in calc.controls["head_dim"].options

@@ -65,8 +65,15 @@ def test_static_buttons_carry_libs_matrices_for_every_mask():
         assert list(b.args[2]) == [0, 2, 3]
 
 
-SENTENCES = ["The cat sat on the mat .", "", "   ", "!!!", "naïve café 東京 — ok?", "[PAD] [PAD] hello",
-             " ".join(f"w{i}" for i in range(60))]
+SENTENCES = [
+    "The cat sat on the mat .",
+    "",
+    "   ",
+    "!!!",
+    "naïve café 東京 — ok?",
+    "[PAD] [PAD] hello",
+    " ".join(f"w{i}" for i in range(60)),
+]
 
 
 @pytest.mark.parametrize("sentence", SENTENCES)

@@ -89,8 +89,10 @@ def test_pair_titles_carry_each_runs_token_share():
     fig = memory_map_pair(CONTIGUOUS, PAGED)
     titles = [a.text for a in fig.layout.annotations]
     c, p = f"{CONTIGUOUS.token_share():.1%}", f"{PAGED.token_share():.1%}"
-    assert titles == [f"contiguous, reserve pow2: {c} of reserved slots hold real tokens",
-                      f"paged, 8-token blocks: {p} of reserved slots hold real tokens"]
+    assert titles == [
+        f"contiguous, reserve pow2: {c} of reserved slots hold real tokens",
+        f"paged, 8-token blocks: {p} of reserved slots hold real tokens",
+    ]
     assert f"contiguous reservations hold {c} real tokens, paged {p}" in fig.layout.title.text
     assert fig.data[0].coloraxis == fig.data[1].coloraxis == "coloraxis"  # one colour meaning
     assert fig.layout.xaxis2.matches == "x"
@@ -114,9 +116,11 @@ def test_utilisation_figure_draws_the_per_step_numbers():
     fig = utilisation_figure({"contiguous": CONTIGUOUS, "paged": PAGED}, max_points=50)
     names = [t.name for t in fig.data]
     assert names == ["contiguous: reserved", "contiguous: real tokens", "paged: reserved", "paged: real tokens"]
-    for trace, res, values in ((fig.data[0], CONTIGUOUS, CONTIGUOUS.reserved_tokens),
-                               (fig.data[1], CONTIGUOUS, CONTIGUOUS.used_tokens),
-                               (fig.data[3], PAGED, PAGED.used_tokens)):
+    for trace, res, values in (
+        (fig.data[0], CONTIGUOUS, CONTIGUOUS.reserved_tokens),
+        (fig.data[1], CONTIGUOUS, CONTIGUOUS.used_tokens),
+        (fig.data[3], PAGED, PAGED.used_tokens),
+    ):
         assert 25 <= len(trace.x) <= 50 and trace.x[0] == 0 and trace.x[-1] < res.makespan
         assert list(trace.y) == [values[s] for s in trace.x]
     assert fig.layout.shapes[0].y0 == CAP  # the capacity line
@@ -137,26 +141,33 @@ def test_figures_are_byte_stable_small_and_finite():
     use_stable_renderer()
     again_c = simulate_serving(list(REQS), policy="contiguous", capacity_tokens=CAP, max_len=64, reserve="pow2")
     again_p = simulate_serving(list(REQS), policy="paged", capacity_tokens=CAP, max_len=64, block_size=8)
-    for make in (lambda c, p: memory_map_pair(c, p), lambda c, p: utilisation_figure({"c": c, "p": p}),
-                 lambda c, p: memory_map_figure(c)):
+    for make in (
+        lambda c, p: memory_map_pair(c, p),
+        lambda c, p: utilisation_figure({"c": c, "p": p}),
+        lambda c, p: memory_map_figure(c),
+    ):
         a = pio.renderers._build_mime_bundle(make(CONTIGUOUS, PAGED).to_dict())
         b = pio.renderers._build_mime_bundle(make(again_c, again_p).to_dict())
         assert a == b
         text = json.dumps(a["application/vnd.plotly.v1+json"])
         assert "NaN" not in text and "Infinity" not in text
-    pair = json.dumps(pio.renderers._build_mime_bundle(memory_map_pair(CONTIGUOUS, PAGED).to_dict())
-                      ["application/vnd.plotly.v1+json"])
+    pair = json.dumps(
+        pio.renderers._build_mime_bundle(memory_map_pair(CONTIGUOUS, PAGED).to_dict())["application/vnd.plotly.v1+json"]
+    )
     assert '"bdata"' in pair and len(pair) < 60_000  # integer typed arrays, not nested JSON lists
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: memory_map_figure(CONTIGUOUS.summary()), TypeError, "result must be a SimResult"),
-    (lambda: memory_map_figure(CONTIGUOUS, max_slots=0), ValueError, "max_slots"),
-    (lambda: utilisation_figure({}), TypeError, "non-empty dict"),
-    (lambda: utilisation_figure({"x": 3}), TypeError, r"results\['x'\]"),
-    (lambda: utilisation_figure({"x": PAGED}, max_points=1), ValueError, "max_points"),
-    (lambda: sweep_figure([]), TypeError, "rows"),
-])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: memory_map_figure(CONTIGUOUS.summary()), TypeError, "result must be a SimResult"),
+        (lambda: memory_map_figure(CONTIGUOUS, max_slots=0), ValueError, "max_slots"),
+        (lambda: utilisation_figure({}), TypeError, "non-empty dict"),
+        (lambda: utilisation_figure({"x": 3}), TypeError, r"results\['x'\]"),
+        (lambda: utilisation_figure({"x": PAGED}, max_points=1), ValueError, "max_points"),
+        (lambda: sweep_figure([]), TypeError, "rows"),
+    ],
+)
 def test_bad_input_is_refused_clearly(call, error, match):
     with pytest.raises(error, match=match):
         call()

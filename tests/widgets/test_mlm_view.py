@@ -11,9 +11,14 @@ from widgets.mlm_view import FATES, MLMState, MLMView, corruption_table, mlm_vie
 def expected(state: MLMState):
     tok = minilm_tokenizer()
     ids = tok(state.sentence or " ", truncation=True, max_length=40, return_tensors="pt")["input_ids"]
-    corrupted, labels = mlm_corrupt(ids, mask_token_id=tok.mask_token_id, vocab_size=tok.vocab_size,
-                                    special_token_ids=tok.all_special_ids, prob=state.prob,
-                                    generator=torch.Generator().manual_seed(state.seed))
+    corrupted, labels = mlm_corrupt(
+        ids,
+        mask_token_id=tok.mask_token_id,
+        vocab_size=tok.vocab_size,
+        special_token_ids=tok.all_special_ids,
+        prob=state.prob,
+        generator=torch.Generator().manual_seed(state.seed),
+    )
     return tok, ids[0], corrupted[0], labels[0]
 
 

@@ -16,8 +16,11 @@ from widgets.router_view import MAX_FRAMES, RouterView, check_router_runs, route
 def _run(S=12, L=2, E=4, seed=0, probe=False):
     """A fake training record: loads are shares (each layer's row sums to 1)."""
     rng = np.random.default_rng(seed)
-    run = {"load": rng.dirichlet(np.ones(E), size=(S, L)), "loss": 3.0 - np.linspace(0, 1, S) + rng.uniform(0, 0.1, S),
-           "aux_loss": rng.uniform(2.0, 2.5, S)}
+    run = {
+        "load": rng.dirichlet(np.ones(E), size=(S, L)),
+        "loss": 3.0 - np.linspace(0, 1, S) + rng.uniform(0, 0.1, S),
+        "aux_loss": rng.uniform(2.0, 2.5, S),
+    }
     if probe:
         run["assignments"] = rng.integers(0, E, size=(3, L, 40))
         run["assignment_steps"] = [0, S // 2, S - 1]
@@ -99,8 +102,12 @@ def test_probe_strip_shows_the_sample_at_or_before_the_step_with_expert_numbers(
         sample = 0 if s < 6 else 1 if s < 11 else 2
         assert np.array(frame.data[-2].z, dtype=float).ravel()[:40].tolist() == rec["assignments"][sample, 1].tolist()
     # 2-D assignments (one layer's routing) default their steps when there is one row per step
-    flat = {"load": rec["load"], "loss": rec["loss"], "aux_loss": rec["aux_loss"],
-            "assignments": np.zeros((12, 5), dtype=int)}
+    flat = {
+        "load": rec["load"],
+        "loss": rec["loss"],
+        "aux_loss": rec["aux_loss"],
+        "assignments": np.zeros((12, 5), dtype=int),
+    }
     assert check_router_runs({"r": flat})["r"]["assignment_steps"].tolist() == list(range(12))
 
 
@@ -119,11 +126,35 @@ def test_probe_characters_are_written_on_the_strip_at_every_control_value():
     runs = {}
     for seed, S in ((1, 12), (2, 5)):
         rec = _run(S=S, L=2, E=4, seed=seed, probe=True)
-        rec["assignments"], rec["assignment_steps"] = rec["assignments"][:, :, :len(text)], [0, S // 2, S - 1]
+        rec["assignments"], rec["assignment_steps"] = rec["assignments"][:, :, : len(text)], [0, S // 2, S - 1]
         rec["tokens"] = list(text)
         runs[f"run {seed}"] = rec
-    shown = ["t", "h", "e", "␣", "c", "a", "t", "␣", "&lt;", "s", "a", "t", "&gt;", "␣", "&amp;", "␣", "r", "a", "n",
-             "↵", "t", "o", "⇥", "x"]
+    shown = [
+        "t",
+        "h",
+        "e",
+        "␣",
+        "c",
+        "a",
+        "t",
+        "␣",
+        "&lt;",
+        "s",
+        "a",
+        "t",
+        "&gt;",
+        "␣",
+        "&amp;",
+        "␣",
+        "r",
+        "a",
+        "n",
+        "↵",
+        "t",
+        "o",
+        "⇥",
+        "x",
+    ]
     view = RouterView(runs)
     for fig in [router_figure(runs), view.figure]:  # the static default (last step) and the live one (step 0)
         trace, at = _probe_labels(fig)
@@ -139,15 +170,16 @@ def test_probe_characters_are_written_on_the_strip_at_every_control_value():
                 assert [at[(i, 0)] for i in range(len(text))] == shown
                 strip = view.figure.data[-2]  # the expert ids stay, at the cells' centre
                 experts = runs[label]["assignments"][-1 if step == c["step"].max else 0, layer]
-                assert [int(t) for t in strip.text[0][:len(text)]] == experts.tolist()
+                assert [int(t) for t in strip.text[0][: len(text)]] == experts.tolist()
                 # the ink contrasts with the cell: white on the dark blue of expert 0, black elsewhere here
                 assert list(trace.textfont.color) == ["#ffffff" if e == 0 else "#000000" for e in experts]
     fig = router_figure(runs, layer=1)  # every frame recolours the ink with the cells
     labels = len(fig.data) - 1
     for frame in fig.frames:
         ink = dict(zip(frame.traces, frame.data))[labels].textfont.color
-        experts = runs["run 1"]["assignments"][router_view._sampled_row(check_router_runs(runs)["run 1"],
-                                                                         int(frame.name)), 1]
+        experts = runs["run 1"]["assignments"][
+            router_view._sampled_row(check_router_runs(runs)["run 1"], int(frame.name)), 1
+        ]
         assert list(ink) == ["#ffffff" if e == 0 else "#000000" for e in experts]
     # many tokens wrap into rows, one label per cell; long tokens are cut to two glyphs, none without tokens
     rec = _run(S=3, L=1, E=2, probe=True)
@@ -175,9 +207,19 @@ def test_torch_tensors_and_record_objects_are_accepted():
     torch = pytest.importorskip("torch")
     load = torch.softmax(torch.randn(6, 2, 4), dim=-1)
     loss, aux = torch.rand(6) + 1, torch.rand(6) + 2
-    fig = router_figure({"t": {"load": load, "loss": loss, "aux_loss": aux,
-                               "assignments": torch.randint(0, 4, (2, 9)), "assignment_steps": torch.tensor([0, 3])}},
-                        step=4, animate=False)
+    fig = router_figure(
+        {
+            "t": {
+                "load": load,
+                "loss": loss,
+                "aux_loss": aux,
+                "assignments": torch.randint(0, 4, (2, 9)),
+                "assignment_steps": torch.tensor([0, 3]),
+            }
+        },
+        step=4,
+        animate=False,
+    )
     assert np.allclose(fig.data[0].y, load[4, 0].numpy(), rtol=1e-3)
     # a record with these attributes (as lib.moe_lm.MoETrainRecord has) is read by attribute
     record = SimpleNamespace(load=load, loss=loss.tolist(), aux_loss=aux.tolist(), drop_rate=[0.0] * 6, alpha=0.01)
@@ -191,30 +233,33 @@ def _with(**changes):
     return {"r": {k: v for k, v in run.items() if v is not None}}
 
 
-@pytest.mark.parametrize("runs, words", [
-    ({}, "non-empty"),
-    ([1, 2], "non-empty"),
-    ({"r": 3.0}, "must be a dict"),
-    (_with(aux_loss=None), "missing ['aux_loss']"),
-    (_with(load=np.ones((5, 3)) / 3), "load[:, None, :]"),
-    (_with(load=np.ones((0, 1, 3))), "shape (steps, L, E)"),
-    (_with(loss=np.ones(4)), "steps mismatch"),
-    (_with(aux_loss=np.ones((5, 1))), "steps mismatch"),
-    (_with(load=np.full((5, 1, 3), np.nan)), "non-finite"),
-    (_with(loss=[1, 2, np.inf, 3, 4]), "non-finite"),
-    (_with(load=-np.ones((5, 1, 3))), "negative"),
-    (_with(load="lots"), "must be numbers"),
-    ({"a": _run(S=5, L=1, E=3), "b": _run(S=5, L=1, E=4)}, "one (L, E)"),
-    (_with(assignments=np.zeros((2, 6), dtype=int)), "give 'assignment_steps'"),
-    (_with(assignments=np.full((5, 6), 3)), "ints in [0, 2]"),
-    (_with(assignments=np.full((5, 6), 0.5)), "ints in [0, 2]"),
-    (_with(assignments=np.zeros((5, 2, 6))), "(S', L=1, n_tokens)"),
-    (_with(assignments=np.zeros((2, 6)), assignment_steps=[0, 1, 2]), "one step per"),
-    (_with(assignments=np.zeros((2, 6)), assignment_steps=[3, 1]), "increasing step indices in [0, 4]"),
-    (_with(assignments=np.zeros((2, 6)), assignment_steps=[0, 5]), "increasing step indices in [0, 4]"),
-    (_with(assignment_steps=[0]), "no 'assignments'"),
-    (_with(assignments=np.zeros((5, 6)), tokens=["a"]), "6 probe tokens"),
-])
+@pytest.mark.parametrize(
+    "runs, words",
+    [
+        ({}, "non-empty"),
+        ([1, 2], "non-empty"),
+        ({"r": 3.0}, "must be a dict"),
+        (_with(aux_loss=None), "missing ['aux_loss']"),
+        (_with(load=np.ones((5, 3)) / 3), "load[:, None, :]"),
+        (_with(load=np.ones((0, 1, 3))), "shape (steps, L, E)"),
+        (_with(loss=np.ones(4)), "steps mismatch"),
+        (_with(aux_loss=np.ones((5, 1))), "steps mismatch"),
+        (_with(load=np.full((5, 1, 3), np.nan)), "non-finite"),
+        (_with(loss=[1, 2, np.inf, 3, 4]), "non-finite"),
+        (_with(load=-np.ones((5, 1, 3))), "negative"),
+        (_with(load="lots"), "must be numbers"),
+        ({"a": _run(S=5, L=1, E=3), "b": _run(S=5, L=1, E=4)}, "one (L, E)"),
+        (_with(assignments=np.zeros((2, 6), dtype=int)), "give 'assignment_steps'"),
+        (_with(assignments=np.full((5, 6), 3)), "ints in [0, 2]"),
+        (_with(assignments=np.full((5, 6), 0.5)), "ints in [0, 2]"),
+        (_with(assignments=np.zeros((5, 2, 6))), "(S', L=1, n_tokens)"),
+        (_with(assignments=np.zeros((2, 6)), assignment_steps=[0, 1, 2]), "one step per"),
+        (_with(assignments=np.zeros((2, 6)), assignment_steps=[3, 1]), "increasing step indices in [0, 4]"),
+        (_with(assignments=np.zeros((2, 6)), assignment_steps=[0, 5]), "increasing step indices in [0, 4]"),
+        (_with(assignment_steps=[0]), "no 'assignments'"),
+        (_with(assignments=np.zeros((5, 6)), tokens=["a"]), "6 probe tokens"),
+    ],
+)
 def test_bad_records_are_refused_with_a_reason(runs, words):
     with pytest.raises(ValueError) as err:
         check_router_runs(runs)
@@ -249,6 +294,7 @@ def test_live_view_survives_every_control_value_and_redraws():
     def sliders(w):
         kids = getattr(w, "children", ())
         return [w] if isinstance(w, W.IntSlider) else [s for k in kids for s in sliders(k)]
+
     assert sliders(view.widget)[-1] is c["step"]  # the last slider is the step slider
 
     before = _plotted(view.figure)
@@ -302,12 +348,15 @@ def test_widget_imports_no_model_code():
 def test_balance_figure_draws_f_and_P_apart_exactly():
     from widgets.router_view import balance_figure
 
-    curves = {"α = 0": {"steps": [0, 10, 20], "busiest": [1.0, 1.8, 2.3], "busiest_prob": [1.0, 1.4, 1.6]},
-              "α = 1": {"steps": [0, 10, 20], "busiest": [1.0, 1.7, 1.71], "busiest_prob": [1.0, 1.01, 1.001]}}
+    curves = {
+        "α = 0": {"steps": [0, 10, 20], "busiest": [1.0, 1.8, 2.3], "busiest_prob": [1.0, 1.4, 1.6]},
+        "α = 1": {"steps": [0, 10, 20], "busiest": [1.0, 1.7, 1.71], "busiest_prob": [1.0, 1.01, 1.001]},
+    }
     fig = balance_figure(curves)
     assert [(t.name, t.xaxis) for t in fig.data] == [("α = 0", "x"), ("α = 0", "x2"), ("α = 1", "x"), ("α = 1", "x2")]
-    for t, (name, key) in zip(fig.data, [("α = 0", "busiest"), ("α = 0", "busiest_prob"), ("α = 1", "busiest"),
-                                         ("α = 1", "busiest_prob")]):
+    for t, (name, key) in zip(
+        fig.data, [("α = 0", "busiest"), ("α = 0", "busiest_prob"), ("α = 1", "busiest"), ("α = 1", "busiest_prob")]
+    ):
         assert list(t.x) == [0, 10, 20] and list(t.y) == curves[name][key]
     assert [s.y0 for s in fig.layout.shapes] == [1.0, 1.0]  # the even share in both panels
     # a record object gives every step of its imbalance and prob_imbalance
@@ -318,13 +367,16 @@ def test_balance_figure_draws_f_and_P_apart_exactly():
     assert single.data[0].mode == "markers"  # one step: nothing to join
 
 
-@pytest.mark.parametrize("curves,words", [
-    ({}, "non-empty mapping"),
-    ({"a": {"steps": [0], "busiest": [1.0]}}, "'busiest_prob'"),
-    ({"a": {"steps": [0, 1], "busiest": [1.0], "busiest_prob": [1.0, 1.0]}}, "1-D of one length"),
-    ({"a": {"steps": [0], "busiest": [0.5], "busiest_prob": [1.0]}}, ">= 1"),
-    ({"a": {"steps": [0], "busiest": [float("nan")], "busiest_prob": [1.0]}}, "non-finite"),
-])
+@pytest.mark.parametrize(
+    "curves,words",
+    [
+        ({}, "non-empty mapping"),
+        ({"a": {"steps": [0], "busiest": [1.0]}}, "'busiest_prob'"),
+        ({"a": {"steps": [0, 1], "busiest": [1.0], "busiest_prob": [1.0, 1.0]}}, "1-D of one length"),
+        ({"a": {"steps": [0], "busiest": [0.5], "busiest_prob": [1.0]}}, ">= 1"),
+        ({"a": {"steps": [0], "busiest": [float("nan")], "busiest_prob": [1.0]}}, "non-finite"),
+    ],
+)
 def test_balance_figure_refuses_bad_curves(curves, words):
     from widgets.router_view import balance_figure
 

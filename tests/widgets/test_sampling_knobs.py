@@ -50,9 +50,15 @@ def assert_draws(fig, logits, state: SamplingState, show: int = 20):
     assert tuple(fig.layout.yaxis.range) == (0, 1)
 
 
-STATES = [SamplingState(), SamplingState(temperature=0.7, top_k=5, top_p=0.9), SamplingState(temperature=0.0),
-          SamplingState(temperature=2.0, top_k=3), SamplingState(top_p=0.05), SamplingState(top_k=V + 10),
-          SamplingState(temperature=0.3, top_p=0.5)]
+STATES = [
+    SamplingState(),
+    SamplingState(temperature=0.7, top_k=5, top_p=0.9),
+    SamplingState(temperature=0.0),
+    SamplingState(temperature=2.0, top_k=3),
+    SamplingState(top_p=0.05),
+    SamplingState(top_k=V + 10),
+    SamplingState(temperature=0.3, top_p=0.5),
+]
 
 
 @pytest.mark.parametrize("state", STATES)
@@ -83,8 +89,14 @@ def test_show_limits_the_bars():
     assert len(sampling_figure(LOGITS, LABELS, show=100).data[0].y) == V
 
 
-PRESETS = [{"temperature": 1.0}, {"temperature": 0.5}, {"temperature": 1.5}, {"top_k": 5}, {"top_p": 0.9},
-           {"temperature": 0.0}]
+PRESETS = [
+    {"temperature": 1.0},
+    {"temperature": 0.5},
+    {"temperature": 1.5},
+    {"top_k": 5},
+    {"top_p": 0.9},
+    {"temperature": 0.0},
+]
 
 
 def test_preset_slider_has_one_step_per_preset_with_its_data():
@@ -100,8 +112,12 @@ def test_preset_slider_has_one_step_per_preset_with_its_data():
         assert list(traces) == [1]  # only the "after knobs" bars move
         assert data["y"][0] == [round(float(e["d"]["p_final"][i]), 4) for i in e["order"]]
         assert [t.startswith("cut") for t in data["text"][0]] == [not e["d"]["kept"][i] for i in e["order"]]
-        assert layout["meta.state"] == {"prompt": "the dog", "temperature": state.temperature, "top_k": state.top_k,
-                                        "top_p": state.top_p}
+        assert layout["meta.state"] == {
+            "prompt": "the dog",
+            "temperature": state.temperature,
+            "top_k": state.top_k,
+            "top_p": state.top_p,
+        }
         assert layout["title.text"] == sampling_figure(LOGITS, LABELS, state).layout.title.text
     assert_draws(fig, LOGITS, SamplingState(**{**vars(base), **PRESETS[0]}))  # the figure opens on step 0
 
@@ -176,15 +192,18 @@ def test_live_widget_has_a_stable_text_repr():
 
 
 # --------------------------------------------------------------------------- bad states
-@pytest.mark.parametrize("changes, error, match", [
-    ({"temperature": -0.5}, ValueError, "temperature"),
-    ({"temperature": float("nan")}, ValueError, "temperature"),
-    ({"top_k": -1}, ValueError, "top_k"),
-    ({"top_k": 2.5}, TypeError, "top_k"),
-    ({"top_p": 0.0}, ValueError, "top_p"),
-    ({"top_p": 1.2}, ValueError, "top_p"),
-    ({"prompt": None}, TypeError, "prompt"),
-])
+@pytest.mark.parametrize(
+    "changes, error, match",
+    [
+        ({"temperature": -0.5}, ValueError, "temperature"),
+        ({"temperature": float("nan")}, ValueError, "temperature"),
+        ({"top_k": -1}, ValueError, "top_k"),
+        ({"top_k": 2.5}, TypeError, "top_k"),
+        ({"top_p": 0.0}, ValueError, "top_p"),
+        ({"top_p": 1.2}, ValueError, "top_p"),
+        ({"prompt": None}, TypeError, "prompt"),
+    ],
+)
 def test_bad_states_are_refused_clearly(changes, error, match):
     with pytest.raises(error, match=match):
         sampling_figure(LOGITS, LABELS, **changes)

@@ -9,8 +9,10 @@ from widgets.ssm_state import MAX_STEPS, SSMStateView, check_runs, masked_attent
 
 def _runs(L=6, D=4, N=3, seed=0):
     rng = np.random.default_rng(seed)
-    return {"selective": (rng.normal(size=(L, D, N)), rng.uniform(0.01, 2.0, size=(L, D))),
-            "fixed Δ, B, C": (rng.normal(size=(L, D, N)), np.full((L, D), 0.1))}
+    return {
+        "selective": (rng.normal(size=(L, D, N)), rng.uniform(0.01, 2.0, size=(L, D))),
+        "fixed Δ, B, C": (rng.normal(size=(L, D, N)), np.full((L, D), 0.1)),
+    }
 
 
 def test_every_frame_shows_that_steps_state_and_step_size():
@@ -42,16 +44,22 @@ def test_torch_tensors_are_accepted():
     assert np.allclose(np.array(fig.data[0].z), h[-1].numpy(), rtol=1e-3)
 
 
-@pytest.mark.parametrize("tokens, runs, words", [
-    (list("abc"), {}, "non-empty"),
-    (list("abc"), {"r": (np.zeros((4, 2, 2)), np.zeros((4, 2)))}, "(L=3"),
-    (list("abc"), {"r": (np.zeros((3, 2, 2)), np.zeros((3, 5)))}, "delta must have shape"),
-    (list("abc"), {"r": (np.zeros((3, 2, 2)), np.zeros((3, 2))), "s": (np.zeros((3, 3, 2)), np.zeros((3, 3)))},
-     "one shape"),
-    (list("abc"), {"r": (np.full((3, 2, 2), np.nan), np.zeros((3, 2)))}, "non-finite"),
-    ([], {"r": (np.zeros((0, 2, 2)), np.zeros((0, 2)))}, "1.."),
-    (list("abc"), {"r": np.zeros((3, 2, 2))}, "pair"),
-])
+@pytest.mark.parametrize(
+    "tokens, runs, words",
+    [
+        (list("abc"), {}, "non-empty"),
+        (list("abc"), {"r": (np.zeros((4, 2, 2)), np.zeros((4, 2)))}, "(L=3"),
+        (list("abc"), {"r": (np.zeros((3, 2, 2)), np.zeros((3, 5)))}, "delta must have shape"),
+        (
+            list("abc"),
+            {"r": (np.zeros((3, 2, 2)), np.zeros((3, 2))), "s": (np.zeros((3, 3, 2)), np.zeros((3, 3)))},
+            "one shape",
+        ),
+        (list("abc"), {"r": (np.full((3, 2, 2), np.nan), np.zeros((3, 2)))}, "non-finite"),
+        ([], {"r": (np.zeros((0, 2, 2)), np.zeros((0, 2)))}, "1.."),
+        (list("abc"), {"r": np.zeros((3, 2, 2))}, "pair"),
+    ],
+)
 def test_bad_records_are_refused_with_a_reason(tokens, runs, words):
     with pytest.raises(ValueError, match=None) as err:
         check_runs(tokens, runs)
@@ -214,8 +222,9 @@ def test_delta_panel_survives_one_token_one_channel_constant_and_long_sequences(
     # Δ spanning decades: a log axis whose range holds every value and the marker
     runs = _runs(L=MAX_STEPS, D=6)
     runs["selective"][1][:, 0] = np.geomspace(1e-3, 1.0, MAX_STEPS)
-    fig = ssm_state_figure([f"tok{i}" for i in range(MAX_STEPS)], runs, step=MAX_STEPS - 1, animate=False,
-                           delta_channels=[0, 1])
+    fig = ssm_state_figure(
+        [f"tok{i}" for i in range(MAX_STEPS)], runs, step=MAX_STEPS - 1, animate=False, delta_channels=[0, 1]
+    )
     lines, steps, _ = _delta_panel(fig)
     yaxis = fig.layout[lines["selective"][0].yaxis.replace("y", "yaxis")]
     assert yaxis.type == "log" and 10 ** yaxis.range[0] <= 1e-3 and 10 ** yaxis.range[1] >= 1.0

@@ -55,7 +55,11 @@ def test_live_widget_survives_every_control_value_and_redraws():
         for bm in w.controls["block_m"].options:
             for bn in w.controls["block_n"].options:
                 for causal in (True, False):
-                    w.controls["block_m"].value, w.controls["block_n"].value, w.controls["causal"].value = bm, bn, causal
+                    w.controls["block_m"].value, w.controls["block_n"].value, w.controls["causal"].value = (
+                        bm,
+                        bn,
+                        causal,
+                    )
                     assert w.figure.layout.meta["state"] == {"T": T, "block_m": bm, "block_n": bn, "causal": causal}
     assert "live widget" in w._repr_mimebundle_()["text/plain"]
 

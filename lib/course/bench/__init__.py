@@ -23,8 +23,18 @@ import platform
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["BENCHMARKS", "busy_machine", "cpu_name", "device_name", "load_average", "load_record", "machine_record",
-           "today", "torch_threads", "write_record"]
+__all__ = [
+    "BENCHMARKS",
+    "busy_machine",
+    "cpu_name",
+    "device_name",
+    "load_average",
+    "load_record",
+    "machine_record",
+    "today",
+    "torch_threads",
+    "write_record",
+]
 
 # The committed benchmark records (generated JSON files; tools/gpu_checks.sh writes the GPU ones).
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
@@ -79,8 +89,15 @@ def machine_record(device: str, torch_threads, load: list[float], load_key: str)
     and the 1-minute load averages sampled during the run under `load_key`."""
     import torch
 
-    return {"device": device, "cpu_cores": os.cpu_count(), "torch_threads": torch_threads, "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), load_key: load}
+    return {
+        "device": device,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch_threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        load_key: load,
+    }
 
 
 def busy_machine(load: list[float]) -> bool:

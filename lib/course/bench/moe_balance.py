@@ -25,11 +25,30 @@ from pathlib import Path
 import torch
 
 from lib._checks import require_int
-from lib.course.bench import (BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, today, torch_threads,
-                       write_record)
+from lib.course.bench import (
+    BENCHMARKS,
+    busy_machine,
+    cpu_name,
+    load_average,
+    machine_record,
+    today,
+    torch_threads,
+    write_record,
+)
 
-__all__ = ["ALPHAS", "CAPACITY_FACTOR", "COLLAPSE_BUSIEST", "CURVE_EVERY", "LESSON_STEPS", "POOLED_ALPHAS", "SEEDS", "STEPS",
-           "collapsed", "run", "train_one"]
+__all__ = [
+    "ALPHAS",
+    "CAPACITY_FACTOR",
+    "COLLAPSE_BUSIEST",
+    "CURVE_EVERY",
+    "LESSON_STEPS",
+    "POOLED_ALPHAS",
+    "SEEDS",
+    "STEPS",
+    "collapsed",
+    "run",
+    "train_one",
+]
 
 ALPHAS = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 LESSON_STEPS = 150  # lesson 07's default run
@@ -51,8 +70,8 @@ def collapsed(summary: dict) -> bool:
 def train_one(alpha: float, seed: int, steps: int = STEPS, *, lesson_steps: int = LESSON_STEPS, **kwargs) -> dict:
     """One run, trained as lesson 07 trains it (float64), summarised at `lesson_steps` and at the end:
     the summary, each layer's f and P (last 10 steps), the drop rate at CAPACITY_FACTOR."""
-    from lib.moe_lm import drop_rate, train_moe_lm
     from lib.course.precision import default_dtype
+    from lib.moe_lm import drop_rate, train_moe_lm
 
     require_int("steps", steps, minimum=10)
     require_int("lesson_steps", lesson_steps, minimum=10)
@@ -73,26 +92,48 @@ def train_one(alpha: float, seed: int, steps: int = STEPS, *, lesson_steps: int 
 
     def per_layer(r):
         return {"load": _rounded_rows(r.final_load()), "prob": _rounded_rows(r.final_prob())}
+
     xs = list(range(0, steps, CURVE_EVERY)) + ([steps - 1] if (steps - 1) % CURVE_EVERY else [])
-    return {"alpha": float(alpha), "seed": seed, "steps": steps, "pooled": rec.pooled,
-            "at_lesson_steps": {**_rounded(at_lesson), "collapsed": collapsed(at_lesson),
-                                "drop_rate_at_capacity": round(drops["at_lesson_steps"], 6), **per_layer(short)},
-            "at_end": {**_rounded(end), "collapsed": collapsed(end),
-                       "drop_rate_at_capacity": round(drops["at_end"], 6), **per_layer(rec)},
-            "curve_steps": xs,
-            "busiest_curve": [round(rec.imbalance[i], 4) for i in xs],
-            "busiest_prob_curve": [round(rec.prob_imbalance[i], 4) for i in xs],
-            "seconds": round(rec.seconds, 1)}
+    return {
+        "alpha": float(alpha),
+        "seed": seed,
+        "steps": steps,
+        "pooled": rec.pooled,
+        "at_lesson_steps": {
+            **_rounded(at_lesson),
+            "collapsed": collapsed(at_lesson),
+            "drop_rate_at_capacity": round(drops["at_lesson_steps"], 6),
+            **per_layer(short),
+        },
+        "at_end": {
+            **_rounded(end),
+            "collapsed": collapsed(end),
+            "drop_rate_at_capacity": round(drops["at_end"], 6),
+            **per_layer(rec),
+        },
+        "curve_steps": xs,
+        "busiest_curve": [round(rec.imbalance[i], 4) for i in xs],
+        "busiest_prob_curve": [round(rec.prob_imbalance[i], 4) for i in xs],
+        "seconds": round(rec.seconds, 1),
+    }
 
 
 def _truncated(rec, steps: int):
     """The record as it stood after `steps` steps (the training is the same up to there)."""
     from dataclasses import replace
 
-    return replace(rec, loss=rec.loss[:steps], aux_loss=rec.aux_loss[:steps], z_loss=rec.z_loss[:steps],
-                   aux_loss_per_layer=rec.aux_loss_per_layer[:steps], aux_loss_pooled=rec.aux_loss_pooled[:steps],
-                   dead_experts=rec.dead_experts[:steps], drop_rate=rec.drop_rate[:steps], load=rec.load[:steps],
-                   prob=rec.prob[:steps])
+    return replace(
+        rec,
+        loss=rec.loss[:steps],
+        aux_loss=rec.aux_loss[:steps],
+        z_loss=rec.z_loss[:steps],
+        aux_loss_per_layer=rec.aux_loss_per_layer[:steps],
+        aux_loss_pooled=rec.aux_loss_pooled[:steps],
+        dead_experts=rec.dead_experts[:steps],
+        drop_rate=rec.drop_rate[:steps],
+        load=rec.load[:steps],
+        prob=rec.prob[:steps],
+    )
 
 
 def _rounded(summary: dict) -> dict:
@@ -104,8 +145,16 @@ def _rounded_rows(t: torch.Tensor) -> list[list[float]]:
     return [[round(float(v), 4) for v in row] for row in t]
 
 
-def run(alphas=ALPHAS, seeds=SEEDS, steps: int = STEPS, *, pooled_alphas=POOLED_ALPHAS, threads: int | None = 1,
-        progress=print, **kwargs) -> dict:
+def run(
+    alphas=ALPHAS,
+    seeds=SEEDS,
+    steps: int = STEPS,
+    *,
+    pooled_alphas=POOLED_ALPHAS,
+    threads: int | None = 1,
+    progress=print,
+    **kwargs,
+) -> dict:
     """Every (α, seed) run, as a JSON-able record with the machine; and for each α in `pooled_alphas`
     and each seed, the same run trained on the pooled balance loss ("pooled_results"). `kwargs` go to
     train_moe_lm (the tests shrink the model; the record uses the lesson's defaults)."""
@@ -121,27 +170,32 @@ def run(alphas=ALPHAS, seeds=SEEDS, steps: int = STEPS, *, pooled_alphas=POOLED_
         for seed in seeds:
             for alpha, pooled in [(a, False) for a in alphas] + [(a, True) for a in pooled_alphas]:
                 out = pooled_results if pooled else results
-                out.append(train_one(alpha, seed, steps, lesson_steps=min(LESSON_STEPS, steps),
-                                     pooled_balance=pooled, **kwargs))
+                out.append(
+                    train_one(
+                        alpha, seed, steps, lesson_steps=min(LESSON_STEPS, steps), pooled_balance=pooled, **kwargs
+                    )
+                )
                 load += load_average()
                 if progress:
                     end = out[-1]["at_end"]
-                    progress(f"α = {alpha:g}{' (pooled)' if pooled else ''}, seed {seed}: busiest f "
-                             f"{end['busiest']:.2f}x even, largest P {end['busiest_prob']:.2f}x, dead "
-                             f"{end['dead']:.1f}, drops at C = {CAPACITY_FACTOR} "
-                             f"{end['drop_rate_at_capacity']:.2%} ({out[-1]['seconds']:.0f} s)")
+                    progress(
+                        f"α = {alpha:g}{' (pooled)' if pooled else ''}, seed {seed}: busiest f "
+                        f"{end['busiest']:.2f}x even, largest P {end['busiest_prob']:.2f}x, dead "
+                        f"{end['dead']:.1f}, drops at C = {CAPACITY_FACTOR} "
+                        f"{end['drop_rate_at_capacity']:.2%} ({out[-1]['seconds']:.0f} s)"
+                    )
     return {
         "benchmark": "router balance of lesson 07's MoE language models over α and seeds (lib.moe_lm.train_moe_lm, "
-                     "float64, the Switch balance loss per layer): the last 10 steps averaged at the lesson's "
-                     "length and at the end",
+        "float64, the Switch balance loss per layer): the last 10 steps averaged at the lesson's "
+        "length and at the end",
         "balance_loss": "per layer, averaged over layers (lib.moe.load_balancing_loss); aux_pooled: Hugging Face's "
-                        "pooled form, recorded beside it, not trained on",
+        "pooled form, recorded beside it, not trained on",
         "busiest": "the worst layer's busiest expert: its load f over the even share 1/E (busiest_prob: P likewise)",
         "per_layer": "load and prob: each layer's f (shares of its assignments) and mean router probability P per "
-                     "expert, the last 10 steps averaged",
+        "expert, the last 10 steps averaged",
         "capacity_factor": CAPACITY_FACTOR,
         "drop_rate_at_capacity": "share of the assignments dropped at capacity_factor over all layers, on 4 fresh "
-                                 "batches of 16 x 32 characters (lib.moe_lm.drop_rate), the trained model",
+        "batches of 16 x 32 characters (lib.moe_lm.drop_rate), the trained model",
         "alphas": list(alphas),
         "seeds": list(seeds),
         "steps": steps,
@@ -155,9 +209,9 @@ def run(alphas=ALPHAS, seeds=SEEDS, steps: int = STEPS, *, pooled_alphas=POOLED_
         "date": today(),
         "generated_by": "python -m lib.course.bench.moe_balance",
         "note": "generated file: rerun python -m lib.course.bench.moe_balance to update it, do not edit by hand. "
-                "float64 training: a rerun on the same machine gives the same numbers; other CPUs may differ for "
-                "the strongest α, whose loss holds the router near ties between experts (a tie that flips with "
-                "the last digit changes the run from there on); the seconds depend on the machine and its load.",
+        "float64 training: a rerun on the same machine gives the same numbers; other CPUs may differ for "
+        "the strongest α, whose loss holds the router near ties between experts (a tie that flips with "
+        "the last digit changes the run from there on); the seconds depend on the machine and its load.",
     }
 
 

@@ -28,8 +28,16 @@ from pathlib import Path
 import torch
 
 from lib._checks import require_int
-from lib.course.bench import (BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, today, torch_threads,
-                       write_record)
+from lib.course.bench import (
+    BENCHMARKS,
+    busy_machine,
+    cpu_name,
+    load_average,
+    machine_record,
+    today,
+    torch_threads,
+    write_record,
+)
 from lib.course.bench.timer import seconds as timed
 
 __all__ = ["LESSON", "LONG_STEPS", "SEEDS", "SHORTER_BLANKS", "CopyRun", "build", "run", "runs", "train_one"]
@@ -78,8 +86,9 @@ def build(r: CopyRun):
     task = SelectiveCopying(n_data=r.n_data, n_blank=r.n_blank, n_symbols=r.n_symbols)
     with default_dtype(torch.float64):
         torch.manual_seed(r.seed)
-        model = MambaLM(MambaConfig(vocab_size=task.vocab_size, d_model=r.d_model, n_layers=r.n_layers,
-                                    selective=r.selective))
+        model = MambaLM(
+            MambaConfig(vocab_size=task.vocab_size, d_model=r.d_model, n_layers=r.n_layers, selective=r.selective)
+        )
     return task, model
 
 
@@ -99,8 +108,13 @@ def train_one(r: CopyRun) -> dict:
 
     [seconds] = timed(train, repeats=1, warmup=0)
     tail = losses[-50:]
-    return {**asdict(r), "seq_len": task.seq_len, "accuracy": task_accuracy(model, task),
-            "final_loss": sum(tail) / len(tail), "seconds": round(seconds, 1)}
+    return {
+        **asdict(r),
+        "seq_len": task.seq_len,
+        "accuracy": task_accuracy(model, task),
+        "final_loss": sum(tail) / len(tail),
+        "seconds": round(seconds, 1),
+    }
 
 
 def run(seeds=SEEDS, *, threads: int | None = 2, progress=print) -> dict:
@@ -120,11 +134,13 @@ def run(seeds=SEEDS, *, threads: int | None = 2, progress=print) -> dict:
             load += load_average()
             if progress:
                 res = results[-1]
-                progress(f"{'selective' if r.selective else 'fixed':9s} L={res['seq_len']:3d} steps={r.steps:5d} "
-                         f"seed={r.seed}: accuracy {res['accuracy']:.1%} ({res['seconds']:.0f} s)")
+                progress(
+                    f"{'selective' if r.selective else 'fixed':9s} L={res['seq_len']:3d} steps={r.steps:5d} "
+                    f"seed={r.seed}: accuracy {res['accuracy']:.1%} ({res['seconds']:.0f} s)"
+                )
     return {
         "benchmark": "selective copying, selective Mamba vs fixed Δ, B, C: answer accuracy per run (lesson 06's "
-                     "models and training, float64)",
+        "models and training, float64)",
         "lesson": LESSON,
         "long_steps": LONG_STEPS,
         "seeds": list(seeds),
@@ -135,9 +151,9 @@ def run(seeds=SEEDS, *, threads: int | None = 2, progress=print) -> dict:
         "date": today(),
         "generated_by": "python -m lib.course.bench.selective_copying",
         "note": "generated file: rerun python -m lib.course.bench.selective_copying to update it, do not edit by hand. "
-                "Accuracies come from float64 training: a rerun on the same machine gives the same ones, another "
-                "CPU's rounding can move a run caught in the middle of its sudden drop of the loss; the seconds "
-                "depend on the machine and its load.",
+        "Accuracies come from float64 training: a rerun on the same machine gives the same ones, another "
+        "CPU's rounding can move a run caught in the middle of its sudden drop of the loss; the seconds "
+        "depend on the machine and its load.",
     }
 
 

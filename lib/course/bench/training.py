@@ -38,8 +38,16 @@ from typing import Callable
 import torch
 
 from lib._checks import require_int
-from lib.course.bench import (BENCHMARKS, busy_machine, cpu_name, load_average, machine_record, today, torch_threads,
-                       write_record)
+from lib.course.bench import (
+    BENCHMARKS,
+    busy_machine,
+    cpu_name,
+    load_average,
+    machine_record,
+    today,
+    torch_threads,
+    write_record,
+)
 from lib.course.bench.timer import seconds as timed
 
 __all__ = ["LESSONS", "lesson_cases", "relative_step_times", "run", "training_throughput"]
@@ -52,8 +60,9 @@ def _loss(model, idx, targets):
     return out[1] if isinstance(out, tuple) else out
 
 
-def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, repeats: int = 10,
-                        lr: float = 1e-3) -> dict[str, dict]:
+def training_throughput(
+    models: dict[str, torch.nn.Module], batches: list, *, repeats: int = 10, lr: float = 1e-3
+) -> dict[str, dict]:
     """Seconds per training step and tokens per second for each model, timed side by side.
 
     models: {name: a model whose forward(idx, targets) returns (logits, loss)}; batches: a list of
@@ -68,8 +77,13 @@ def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, re
     if not isinstance(batches, (list, tuple)) or not batches:
         raise ValueError("batches must be a non-empty list of (idx, targets) pairs")
     for i, batch in enumerate(batches):
-        if not (isinstance(batch, (list, tuple)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)
-                and batch[0].dim() == 2 and batch[0].shape == batch[1].shape):
+        if not (
+            isinstance(batch, (list, tuple))
+            and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)
+            and batch[0].dim() == 2
+            and batch[0].shape == batch[1].shape
+        ):
             raise ValueError(f"batches[{i}] must be a pair (idx, targets) of (B, T) tensors of one shape")
     require_int("repeats", repeats, minimum=1)
     steps: dict[str, Callable[[tuple], None]] = {}
@@ -97,8 +111,12 @@ def training_throughput(models: dict[str, torch.nn.Module], batches: list, *, re
     out = {}
     for name, s in seconds.items():
         median = statistics.median(s)
-        out[name] = {"median_seconds": median, "tokens_per_step": tokens, "tokens_per_second": tokens / median,
-                     "seconds": s}
+        out[name] = {
+            "median_seconds": median,
+            "tokens_per_step": tokens,
+            "tokens_per_second": tokens / median,
+            "seconds": s,
+        }
     return out
 
 
@@ -106,11 +124,14 @@ def relative_step_times(timed: dict[str, dict], base: str) -> dict[str, float]:
     """Each model's step time relative to `base`'s: for every round, the two steps on the same
     batch divided, then the median over rounds. `timed` is what `training_throughput` returns."""
     if not isinstance(timed, dict) or base not in timed:
-        raise ValueError(f"base must name one of the timed models {sorted(timed) if isinstance(timed, dict) else []}, "
-                         f"got {base!r}")
+        raise ValueError(
+            f"base must name one of the timed models {sorted(timed) if isinstance(timed, dict) else []}, got {base!r}"
+        )
     reference = timed[base]["seconds"]
-    return {name: statistics.median(s / r for s, r in zip(t["seconds"], reference, strict=True))
-            for name, t in timed.items()}
+    return {
+        name: statistics.median(s / r for s, r in zip(t["seconds"], reference, strict=True))
+        for name, t in timed.items()
+    }
 
 
 # --------------------------------------------------------------------------- the lessons' models
@@ -180,21 +201,27 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
             relative = relative_step_times(timed, "GPT") if "GPT" in timed else None
             for name, t in timed.items():
                 dtype = next(models[name].parameters()).dtype
-                rows.append({"lesson": lesson, "model": name, "dtype": str(dtype).replace("torch.", ""),
-                             "parameters": sum(p.numel() for p in models[name].parameters()),
-                             "batch_size": batches[0][0].shape[0],
-                             "mean_length": round(t["tokens_per_step"] / batches[0][0].shape[0], 2),
-                             "median_seconds_per_step": round(t["median_seconds"], 6),
-                             "tokens_per_step": t["tokens_per_step"],
-                             "tokens_per_second": round(t["tokens_per_second"], 1),
-                             "step_time_vs_lesson_gpt": None if relative is None else round(relative[name], 2),
-                             "seconds": [round(s, 6) for s in t["seconds"]]})
+                rows.append(
+                    {
+                        "lesson": lesson,
+                        "model": name,
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "parameters": sum(p.numel() for p in models[name].parameters()),
+                        "batch_size": batches[0][0].shape[0],
+                        "mean_length": round(t["tokens_per_step"] / batches[0][0].shape[0], 2),
+                        "median_seconds_per_step": round(t["median_seconds"], 6),
+                        "tokens_per_step": t["tokens_per_step"],
+                        "tokens_per_second": round(t["tokens_per_second"], 1),
+                        "step_time_vs_lesson_gpt": None if relative is None else round(relative[name], 2),
+                        "seconds": [round(s, 6) for s in t["seconds"]],
+                    }
+                )
             load += load_average()
     return {
         "benchmark": "training throughput: one step (forward with loss, backward, clipping, AdamW) of each model "
-                     "the course trains, at its lesson's default size, batch and dtype; models of one lesson "
-                     "interleaved on the same batches; median over repeats; the step time relative to the "
-                     "lesson's GPT is the median over rounds of the two steps on the same batch",
+        "the course trains, at its lesson's default size, batch and dtype; models of one lesson "
+        "interleaved on the same batches; median over repeats; the step time relative to the "
+        "lesson's GPT is the median over rounds of the two steps on the same batch",
         "repeats": repeats,
         "results": rows,
         "scan_kernel": cpu_kernel_status(),
@@ -203,18 +230,22 @@ def run(lessons=LESSONS, *, repeats: int = 20, threads: int | None = None) -> di
         "date": today(),
         "generated_by": "python -m lib.course.bench.training",
         "note": "generated file: rerun python -m lib.course.bench.training to update it, do not edit by hand. A load "
-                "average above the core count means other processes shared the CPU.",
+        "average above the core count means other processes shared the CPU.",
     }
 
 
 def markdown(record: dict) -> str:
-    lines = ["| lesson | model | dtype | parameters | batch x mean T | ms per step | tokens/s | step vs lesson's GPT |",
-             "|---|---|---|---:|---|---:|---:|---:|"]
+    lines = [
+        "| lesson | model | dtype | parameters | batch x mean T | ms per step | tokens/s | step vs lesson's GPT |",
+        "|---|---|---|---:|---|---:|---:|---:|",
+    ]
     for r in record["results"]:
         ratio = "" if r["step_time_vs_lesson_gpt"] is None else f"{r['step_time_vs_lesson_gpt']:.2f}x"
-        lines.append(f"| {r['lesson']} | {r['model']} | {r['dtype']} | {r['parameters']:,} | "
-                     f"{r['batch_size']} x {r['mean_length']:g} | {1e3 * r['median_seconds_per_step']:.1f} | "
-                     f"{r['tokens_per_second']:,.0f} | {ratio} |")
+        lines.append(
+            f"| {r['lesson']} | {r['model']} | {r['dtype']} | {r['parameters']:,} | "
+            f"{r['batch_size']} x {r['mean_length']:g} | {1e3 * r['median_seconds_per_step']:.1f} | "
+            f"{r['tokens_per_second']:,.0f} | {ratio} |"
+        )
     return "\n".join(lines)
 
 

@@ -101,22 +101,47 @@ def _unfinished(err: BaseException) -> bool:
 def call_learner(exercise: str, fn: Callable, args: tuple, case: str, n_cases: int) -> tuple[Any, CheckReport | None]:
     """Call the learner's function; a stub, a non-function or an exception becomes a report."""
     if not callable(fn):
-        return None, CheckReport(exercise, False, n_cases, problem=f"expected a function, got {type(fn).__name__}",
-                                 hint="pass the function itself, without calling it: check(my_fn), not check(my_fn())")
+        return None, CheckReport(
+            exercise,
+            False,
+            n_cases,
+            problem=f"expected a function, got {type(fn).__name__}",
+            hint="pass the function itself, without calling it: check(my_fn), not check(my_fn())",
+        )
     try:
         return fn(*args), None
     except NotImplementedError:
-        return None, CheckReport(exercise, False, n_cases, case, "not attempted yet",
-                                 "replace the `raise NotImplementedError` line with your code, then run the cell again")
+        return None, CheckReport(
+            exercise,
+            False,
+            n_cases,
+            case,
+            "not attempted yet",
+            "replace the `raise NotImplementedError` line with your code, then run the cell again",
+        )
     except Exception as err:  # the learner's bug, reported as text rather than a traceback
         if _unfinished(err):  # e.g. a stub inside a Triton kernel: the interpreter wraps the error
-            return None, CheckReport(exercise, False, n_cases, case, "not attempted yet",
-                                     "replace the `raise NotImplementedError` line with your code, then run the cell again")
-        return None, CheckReport(exercise, False, n_cases, case, f"your function raised {type(err).__name__}: {err}",
-                                 "try it by hand on this case's inputs")
+            return None, CheckReport(
+                exercise,
+                False,
+                n_cases,
+                case,
+                "not attempted yet",
+                "replace the `raise NotImplementedError` line with your code, then run the cell again",
+            )
+        return None, CheckReport(
+            exercise,
+            False,
+            n_cases,
+            case,
+            f"your function raised {type(err).__name__}: {err}",
+            "try it by hand on this case's inputs",
+        )
 
 
-def run_checks(exercise: str, fn: Callable, cases: list[Case], *, nan_hint: Callable[[Case], str] | None = None) -> CheckReport:
+def run_checks(
+    exercise: str, fn: Callable, cases: list[Case], *, nan_hint: Callable[[Case], str] | None = None
+) -> CheckReport:
     """Try `fn` on every case in order; report the first failure with the most specific hint."""
     for case in cases:
         fail = lambda problem, hint=None: CheckReport(exercise, False, len(cases), case.name, problem, hint)  # noqa: E731
@@ -142,6 +167,10 @@ def run_checks(exercise: str, fn: Callable, cases: list[Case], *, nan_hint: Call
             hint = case.diagnose(got) if case.diagnose else None
             diff = (got.double() - case.expected.double()).abs().nan_to_num(nan=float("inf"), posinf=float("inf"))
             finite = torch.isfinite(got) == torch.isfinite(case.expected)
-            problem = "wrong values" if not bool(finite.all()) else f"wrong values (largest difference {diff.max().item():.3g})"
+            problem = (
+                "wrong values"
+                if not bool(finite.all())
+                else f"wrong values (largest difference {diff.max().item():.3g})"
+            )
             return fail(problem, hint)
     return CheckReport(exercise, True, len(cases))

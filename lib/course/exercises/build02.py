@@ -31,12 +31,10 @@ import torch.nn.functional as F
 
 from lib.attention import safe_softmax
 from lib.course.exercises import Case, CheckReport, call_learner, run_checks
-from lib.course.exercises.build01 import (SENTENCES, near, quiet_transformers, unless_earlier_unfinished,
-                                   with_earlier)
+from lib.course.exercises.build01 import SENTENCES, near, quiet_transformers, unless_earlier_unfinished, with_earlier
 from lib.masks import padding_mask
 
-__all__ = ["check_bert_layer", "check_feed_forward", "check_post_ln", "check_self_attention",
-           "check_split_heads"]
+__all__ = ["check_bert_layer", "check_feed_forward", "check_post_ln", "check_self_attention", "check_split_heads"]
 
 # fp32. MiniLM's hidden states reach ~10, where one unit in the last place is ~1e-6; a layer's
 # matmuls (384 and 1536 terms), softmax and two LayerNorms summed in another order differ by a
@@ -73,8 +71,7 @@ def _minilm_transformers() -> dict:
         hf = AutoModel.from_pretrained(str(minilm_path()), attn_implementation="eager").eval()
     with torch.no_grad():
         hidden = hf(**_minilm()["enc"], output_hidden_states=True).hidden_states
-    layers = {i: {k: v.clone() for k, v in layer.state_dict().items()}
-              for i, layer in enumerate(hf.encoder.layer)}
+    layers = {i: {k: v.clone() for k, v in layer.state_dict().items()} for i, layer in enumerate(hf.encoder.layer)}
     return dict(hidden=hidden, layers=layers)
 
 
@@ -82,9 +79,14 @@ def _random_layer_weights(C: int, Fw: int, seed: int) -> dict[str, torch.Tensor]
     """A BERT layer's state dict (Hugging Face's names), random weights of size ~1/√fan_in and
     LayerNorms that are not the identity, so that a forgotten weight or bias shows."""
     g = torch.Generator().manual_seed(seed)
-    shapes = {"attention.self.query": (C, C), "attention.self.key": (C, C),
-              "attention.self.value": (C, C), "attention.output.dense": (C, C),
-              "intermediate.dense": (Fw, C), "output.dense": (C, Fw)}
+    shapes = {
+        "attention.self.query": (C, C),
+        "attention.self.key": (C, C),
+        "attention.self.value": (C, C),
+        "attention.output.dense": (C, C),
+        "intermediate.dense": (Fw, C),
+        "output.dense": (C, Fw),
+    }
     state = {}
     for name, (n_out, n_in) in shapes.items():
         state[f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) / math.sqrt(n_in)
@@ -121,9 +123,19 @@ def _merge(y: torch.Tensor, how: str = "right") -> torch.Tensor:
     return y.transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, C)
 
 
-def self_attention(x, mask, w: dict, H: int, prefix: str = "", *, split: str = "right",
-                   merge: str = "right", scale: bool = True, mask_on: str | None = "keys",
-                   softmax_dim: int = -1) -> torch.Tensor:
+def self_attention(
+    x,
+    mask,
+    w: dict,
+    H: int,
+    prefix: str = "",
+    *,
+    split: str = "right",
+    merge: str = "right",
+    scale: bool = True,
+    mask_on: str | None = "keys",
+    softmax_dim: int = -1,
+) -> torch.Tensor:
     """BERT's self-attention from a state dict `w` (`{prefix}query.weight`, ...): (B, T, C) ->
     (B, T, C), heads merged, before the output projection. The keyword arguments make the usual
     mistakes, for the diagnoses."""
@@ -141,9 +153,19 @@ def self_attention(x, mask, w: dict, H: int, prefix: str = "", *, split: str = "
     return _merge(safe_softmax(scores, dim=softmax_dim) @ v, merge)
 
 
-def bert_layer(x, mask, w: dict, H: int, eps: float, *, norm: str = "post", gelu: str = "erf",
-               attention_residual: bool = True, ffn_residual: bool = True,
-               **attention) -> torch.Tensor:
+def bert_layer(
+    x,
+    mask,
+    w: dict,
+    H: int,
+    eps: float,
+    *,
+    norm: str = "post",
+    gelu: str = "erf",
+    attention_residual: bool = True,
+    ffn_residual: bool = True,
+    **attention,
+) -> torch.Tensor:
     """One BERT layer from a state dict with Hugging Face's names: Post-LN, the exact GELU. The
     keyword arguments make the usual mistakes (norm="pre", gelu="tanh", a residual left out...)."""
     C = x.shape[-1]
@@ -172,30 +194,44 @@ def bert_layer(x, mask, w: dict, H: int, eps: float, *, norm: str = "post", gelu
 
 _SPLIT_CHANNELS = "split the channels: view(B, T, H, D).transpose(1, 2)"
 _ATTENTION_MISTAKES = [
-    (dict(split="view"), "the heads were split with view(B, H, T, D): that cuts the memory into "
-                         f"H blocks of whole tokens; {_SPLIT_CHANNELS}"),
-    (dict(split="view", merge="no transpose"),
-     "the heads were split with view(B, H, T, D) (and merged back by its inverse): that cuts the "
-     f"memory into H blocks of whole tokens; {_SPLIT_CHANNELS}"),
-    (dict(merge="no transpose"), "the heads were merged without transposing back: (B, H, T, D) "
-                                 "-> transpose(1, 2) -> (B, T, H, D) -> reshape(B, T, C)"),
-    (dict(split="interleaved", merge="interleaved"),
-     "the channels were dealt to the heads in turn: head h owns the D channels h·D .. h·D + D - 1, "
-     "so view(B, T, H, D), not (B, T, D, H)"),
+    (
+        dict(split="view"),
+        "the heads were split with view(B, H, T, D): that cuts the memory into "
+        f"H blocks of whole tokens; {_SPLIT_CHANNELS}",
+    ),
+    (
+        dict(split="view", merge="no transpose"),
+        "the heads were split with view(B, H, T, D) (and merged back by its inverse): that cuts the "
+        f"memory into H blocks of whole tokens; {_SPLIT_CHANNELS}",
+    ),
+    (
+        dict(merge="no transpose"),
+        "the heads were merged without transposing back: (B, H, T, D) "
+        "-> transpose(1, 2) -> (B, T, H, D) -> reshape(B, T, C)",
+    ),
+    (
+        dict(split="interleaved", merge="interleaved"),
+        "the channels were dealt to the heads in turn: head h owns the D channels h·D .. h·D + D - 1, "
+        "so view(B, T, H, D), not (B, T, D, H)",
+    ),
     (dict(scale=False), "the scores were not scaled: divide QKᵀ by √D, D = C / H (32 for MiniLM)"),
-    (dict(mask_on=None), "the padding mask was not applied: add it to the scores before the "
-                         "softmax"),
-    (dict(mask_on="queries"), "the padding mask blocked queries (rows) instead of keys: add the "
-                              "(B, 1, 1, T) mask as it is, so that it blocks the padding keys' "
-                              "columns"),
+    (dict(mask_on=None), "the padding mask was not applied: add it to the scores before the softmax"),
+    (
+        dict(mask_on="queries"),
+        "the padding mask blocked queries (rows) instead of keys: add the "
+        "(B, 1, 1, T) mask as it is, so that it blocks the padding keys' "
+        "columns",
+    ),
     (dict(softmax_dim=-2), "the softmax ran over the queries: normalise over the keys, dim=-1"),
 ]
 
 
 def _nan_hint(case) -> str:
-    return ("NaN: did a whole row of scores get -inf? Add the (B, 1, 1, T) mask to the "
-            "(B, H, T, T) scores as it is: it blocks the padding keys (columns), and every query "
-            "row keeps its real keys")
+    return (
+        "NaN: did a whole row of scores get -inf? Add the (B, 1, 1, T) mask to the "
+        "(B, H, T, T) scores as it is: it blocks the padding keys (columns), and every query "
+        "row keeps its real keys"
+    )
 
 
 # --------------------------------------------------------------------------- the learner's module
@@ -209,25 +245,45 @@ def _parameter_report(name: str, n: int, case: str, module, state: dict) -> Chec
     """Load `state` into the learner's module when it holds exactly those parameters (names and
     shapes): None then, else a report that names what was expected."""
     if not isinstance(module, nn.Module):
-        return CheckReport(name, False, n, case, f"the class built a {type(module).__name__}, not "
-                           "an nn.Module", "subclass torch.nn.Module and call super().__init__()")
+        return CheckReport(
+            name,
+            False,
+            n,
+            case,
+            f"the class built a {type(module).__name__}, not an nn.Module",
+            "subclass torch.nn.Module and call super().__init__()",
+        )
     theirs = module.state_dict()
     missing = sorted(set(state) - set(theirs))
     unexpected = sorted(set(theirs) - set(state))
     if missing or unexpected:
         parts = ([f"missing {_modules(missing)}"] if missing else []) + (
-            [f"unexpected {_modules(unexpected)}"] if unexpected else [])
-        return CheckReport(name, False, n, case,
-                           "its parameter names are not the checkpoint's: " + "; ".join(parts),
-                           "name the layers as Hugging Face's BERT does, so that the state dict "
-                           "loads by name; expected exactly these, each with a .weight and a "
-                           f".bias: {_modules(list(state))}")
-    wrong = [f"{k} {tuple(theirs[k].shape)} (expected {tuple(v.shape)})" for k, v in state.items()
-             if theirs[k].shape != v.shape]
+            [f"unexpected {_modules(unexpected)}"] if unexpected else []
+        )
+        return CheckReport(
+            name,
+            False,
+            n,
+            case,
+            "its parameter names are not the checkpoint's: " + "; ".join(parts),
+            "name the layers as Hugging Face's BERT does, so that the state dict "
+            "loads by name; expected exactly these, each with a .weight and a "
+            f".bias: {_modules(list(state))}",
+        )
+    wrong = [
+        f"{k} {tuple(theirs[k].shape)} (expected {tuple(v.shape)})"
+        for k, v in state.items()
+        if theirs[k].shape != v.shape
+    ]
     if wrong:
-        return CheckReport(name, False, n, case, "parameters of the wrong shape: " +
-                           ", ".join(wrong[:3]), "nn.Linear(n_in, n_out) stores its weight as "
-                                                 "(n_out, n_in)")
+        return CheckReport(
+            name,
+            False,
+            n,
+            case,
+            "parameters of the wrong shape: " + ", ".join(wrong[:3]),
+            "nn.Linear(n_in, n_out) stores its weight as (n_out, n_in)",
+        )
     module.load_state_dict(state)
     module.eval()
     return None
@@ -282,11 +338,15 @@ def _diagnose_split(x: torch.Tensor, H: int):
         if got.shape != (B, H, T, D):
             return f"the result is (B, H, T, D) = {(B, H, T, D)}, with D = C // H"
         if torch.equal(got, _split(x, H, "view")):
-            return ("view(B, H, T, D) cuts the memory into H blocks of whole tokens: each head "
-                    "must get D channels of every token; view(B, T, H, D), then .transpose(1, 2)")
+            return (
+                "view(B, H, T, D) cuts the memory into H blocks of whole tokens: each head "
+                "must get D channels of every token; view(B, T, H, D), then .transpose(1, 2)"
+            )
         if torch.equal(got, _split(x, H, "interleaved")):
-            return ("the channels were dealt to the heads in turn: head h owns the D consecutive "
-                    "channels h·D .. h·D + D - 1, so view(B, T, H, D), not (B, T, D, H)")
+            return (
+                "the channels were dealt to the heads in turn: head h owns the D consecutive "
+                "channels h·D .. h·D + D - 1, so view(B, T, H, D), not (B, T, D, H)"
+            )
         if T == H and torch.equal(got, x.view(B, T, H, D)):
             return "that is still (B, T, H, D), only T = H here hides it: .transpose(1, 2)"
         return None
@@ -309,8 +369,10 @@ def check_split_heads(fn) -> CheckReport:
         cases.append(Case(name, (x, H), _split(x, H), exact=True, diagnose=_diagnose_split(x, H)))
     report = run_checks("Step 2.1 (split into heads)", fn, cases)
     if "view size is not compatible" in (report.problem or ""):
-        report.hint = ("view needs memory laid out as the new shape reads it: view(B, T, H, D) "
-                       "first, then transpose (a transposed tensor needs reshape)")
+        report.hint = (
+            "view needs memory laid out as the new shape reads it: view(B, T, H, D) "
+            "first, then transpose (a transposed tensor needs reshape)"
+        )
     return report
 
 
@@ -328,8 +390,7 @@ def check_self_attention(cls) -> CheckReport:
         def diagnose(got):
             if got.shape == (x.shape[0], H, x.shape[1], x.shape[2] // H):
                 return "merge the heads back: (B, H, T, D) -> transpose(1, 2) -> reshape(B, T, C)"
-            hint = next((h for kw, h in _ATTENTION_MISTAKES
-                         if near(got, self_attention(x, mask, w, H, **kw))), None)
+            hint = next((h for kw, h in _ATTENTION_MISTAKES if near(got, self_attention(x, mask, w, H, **kw))), None)
             return with_earlier(hint, cls, steps)
 
         return Case(case_name, (x, mask), want, **_TOL, diagnose=diagnose)
@@ -342,8 +403,9 @@ def check_self_attention(cls) -> CheckReport:
             return [], None, None, report
         x = torch.randn(2, 5, C, generator=torch.Generator().manual_seed(22))
         mask = padding_mask(torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
-        cases = [case("random weights, C = 12, H = 3, padding on both sides", w, H, x, mask,
-                      self_attention(x, mask, w, H))]
+        cases = [
+            case("random weights, C = 12, H = 3, padding on both sides", w, H, x, mask, self_attention(x, mask, w, H))
+        ]
         return cases, _no_grad(module), _nan_hint, None
 
     def real():
@@ -351,16 +413,14 @@ def check_self_attention(cls) -> CheckReport:
         lib_attention = data["bert"].encoder.layer[0].attention.self
         w = {k: v.detach() for k, v in lib_attention.state_dict().items()}
         C, H = _MINILM_SIZES[:2]
-        module, report = _built(name, cls, (C, H), w, "all-MiniLM-L6-v2's sizes, C = 384, H = 12",
-                                n)
+        module, report = _built(name, cls, (C, H), w, "all-MiniLM-L6-v2's sizes, C = 384, H = 12", n)
         if report is not None:
             return [], None, None, report
         x, keep = data["x"], data["enc"]["attention_mask"]
         first = int(keep[0].sum())
         cases = []
         for case_name, xs, ks in [
-            ("all-MiniLM-L6-v2's layer 0 on one sentence, no padding", x[:1, :first],
-             keep[:1, :first]),
+            ("all-MiniLM-L6-v2's layer 0 on one sentence, no padding", x[:1, :first], keep[:1, :first]),
             ("all-MiniLM-L6-v2's layer 0 on a padded batch of 3 sentences", x, keep),
             ("all-MiniLM-L6-v2's layer 0 on one token (T = 1)", x[2:3, :1], keep[2:3, :1]),
         ]:
@@ -378,16 +438,20 @@ def _diagnose_post_ln(x, sublayer, norm):
     with torch.no_grad():
         s = sublayer(x)
         variants = [
-            (x + sublayer(norm(x)), "that is Pre-LN, x + sublayer(LayerNorm(x)) (GPT-2's order): "
-                                    "BERT normalises after the sum, LayerNorm(x + sublayer(x))"),
+            (
+                x + sublayer(norm(x)),
+                "that is Pre-LN, x + sublayer(LayerNorm(x)) (GPT-2's order): "
+                "BERT normalises after the sum, LayerNorm(x + sublayer(x))",
+            ),
             (norm(s), "the residual is missing: add x to the sublayer's output, then normalise"),
-            (x + norm(s), "only the sublayer's output was normalised: normalise the sum, "
-                          "LayerNorm(x + sublayer(x))"),
+            (x + norm(s), "only the sublayer's output was normalised: normalise the sum, LayerNorm(x + sublayer(x))"),
             (norm(x) + s, "normalise the sum x + sublayer(x), not x alone"),
             (norm(x + s) + x, "x was added twice: LayerNorm(x + sublayer(x)) is all"),
-            (F.layer_norm(x + s, x.shape[-1:]),
-             "use the norm you are given: it holds a learned weight and bias (and its eps), which "
-             "F.layer_norm without them leaves out"),
+            (
+                F.layer_norm(x + s, x.shape[-1:]),
+                "use the norm you are given: it holds a learned weight and bias (and its eps), which "
+                "F.layer_norm without them leaves out",
+            ),
         ]
 
     def diagnose(got):
@@ -411,9 +475,20 @@ def check_post_ln(fn) -> CheckReport:
             norm.bias.copy_(torch.randn(C, generator=g))
             x = 2 * torch.randn(2, 3, C, generator=g) + 1
             want = norm(x + sublayer(x))
-        return ([Case("a small Linear sublayer, C = 6, a LayerNorm with its own weight and bias",
-                      (x, sublayer, norm), want, **_TOL,
-                      diagnose=_diagnose_post_ln(x, sublayer, norm))], _no_grad(fn), None, None)
+        return (
+            [
+                Case(
+                    "a small Linear sublayer, C = 6, a LayerNorm with its own weight and bias",
+                    (x, sublayer, norm),
+                    want,
+                    **_TOL,
+                    diagnose=_diagnose_post_ln(x, sublayer, norm),
+                )
+            ],
+            _no_grad(fn),
+            None,
+            None,
+        )
 
     def real():
         data = _minilm()
@@ -425,11 +500,21 @@ def check_post_ln(fn) -> CheckReport:
         norm = att.output.LayerNorm
         with torch.no_grad():
             want = norm(x + attention_sublayer(x))
-        return ([Case("all-MiniLM-L6-v2's layer 0: its self-attention (+ output projection) as "
-                      "the sublayer, its attention.output.LayerNorm, on a padded batch",
-                      (x, attention_sublayer, norm), want, **_TOL,
-                      diagnose=_diagnose_post_ln(x, attention_sublayer, norm))],
-                _no_grad(fn), None, None)
+        return (
+            [
+                Case(
+                    "all-MiniLM-L6-v2's layer 0: its self-attention (+ output projection) as "
+                    "the sublayer, its attention.output.LayerNorm, on a padded batch",
+                    (x, attention_sublayer, norm),
+                    want,
+                    **_TOL,
+                    diagnose=_diagnose_post_ln(x, attention_sublayer, norm),
+                )
+            ],
+            _no_grad(fn),
+            None,
+            None,
+        )
 
     return _staged(name, (small, real))
 
@@ -442,20 +527,25 @@ def _diagnose_ffn(x, dense_in, dense_out, norm, fn):
     with torch.no_grad():
         h = dense_in(x)
         variants = [
-            (norm(x + dense_out(F.gelu(h, approximate="tanh"))),
-             "that is the tanh approximation of GELU: BERT's \"gelu\" is the exact one, x·Φ(x) "
-             "with erf (F.gelu(h), approximate='none')"),
+            (
+                norm(x + dense_out(F.gelu(h, approximate="tanh"))),
+                'that is the tanh approximation of GELU: BERT\'s "gelu" is the exact one, x·Φ(x) '
+                "with erf (F.gelu(h), approximate='none')",
+            ),
             (norm(x + dense_out(F.relu(h))), "that is ReLU: BERT uses GELU, F.gelu(h)"),
             (norm(dense_out(F.gelu(h))), "the residual is missing: LayerNorm(x + FFN(x))"),
-            (x + dense_out(F.gelu(dense_in(norm(x)))),
-             "that is Pre-LN, x + FFN(LayerNorm(x)): BERT normalises after the sum, "
-             "LayerNorm(x + FFN(x))"),
+            (
+                x + dense_out(F.gelu(dense_in(norm(x)))),
+                "that is Pre-LN, x + FFN(LayerNorm(x)): BERT normalises after the sum, LayerNorm(x + FFN(x))",
+            ),
             (x + dense_out(F.gelu(h)), "the LayerNorm is missing: LayerNorm(x + FFN(x))"),
-            (norm(x + F.gelu(dense_out(F.gelu(h)))),
-             "GELU comes once, between the two Linear layers, not after the second"),
-            (norm(x + dense_out(h)),
-             "the activation is missing: GELU between the two Linear layers"),
+            (
+                norm(x + F.gelu(dense_out(F.gelu(h)))),
+                "GELU comes once, between the two Linear layers, not after the second",
+            ),
+            (norm(x + dense_out(h)), "the activation is missing: GELU between the two Linear layers"),
         ]
+
     def diagnose(got):
         hint = next((h for want, h in variants if near(got, want)), None)
         return with_earlier(hint, fn, _FFN_STEPS)
@@ -480,54 +570,82 @@ def check_feed_forward(fn) -> CheckReport:
             x = torch.randn(2, 3, C, generator=g)
             want = norm(x + dense_out(F.gelu(dense_in(x))))
         args = (x, dense_in, dense_out, norm)
-        return ([Case("small Linear layers, C = 6, F = 24, a LayerNorm with its own weight and "
-                      "bias", args, want, **_TOL, diagnose=_diagnose_ffn(*args, fn))],
-                _no_grad(fn), None, None)
+        return (
+            [
+                Case(
+                    "small Linear layers, C = 6, F = 24, a LayerNorm with its own weight and bias",
+                    args,
+                    want,
+                    **_TOL,
+                    diagnose=_diagnose_ffn(*args, fn),
+                )
+            ],
+            _no_grad(fn),
+            None,
+            None,
+        )
 
     def real():
         data = _minilm()
         layer = data["bert"].encoder.layer[0]
         att = layer.attention
         with torch.no_grad():  # the feed-forward's real input: layer 0 after its attention part
-            x = att.output.LayerNorm(data["x"] + att.output.dense(att.self(data["x"],
-                                                                           data["mask"])[0]))
+            x = att.output.LayerNorm(data["x"] + att.output.dense(att.self(data["x"], data["mask"])[0]))
             args = (x, layer.intermediate.dense, layer.output.dense, layer.output.LayerNorm)
             want = layer.output.LayerNorm(x + layer.output.dense(layer.intermediate(x)))
-        return ([Case("all-MiniLM-L6-v2's layer 0: its intermediate.dense, output.dense and "
-                      "output.LayerNorm, on the padded batch after the attention sublayer", args,
-                      want, **_TOL, diagnose=_diagnose_ffn(*args, fn))], _no_grad(fn), None, None)
+        return (
+            [
+                Case(
+                    "all-MiniLM-L6-v2's layer 0: its intermediate.dense, output.dense and "
+                    "output.LayerNorm, on the padded batch after the attention sublayer",
+                    args,
+                    want,
+                    **_TOL,
+                    diagnose=_diagnose_ffn(*args, fn),
+                )
+            ],
+            _no_grad(fn),
+            None,
+            None,
+        )
 
     return unless_earlier_unfinished(_staged(name, (small, real)), fn, _FFN_STEPS)
 
 
 # --------------------------------------------------------------------------- 2.5 the whole layer
 _LAYER_MISTAKES = [
-    (dict(norm="pre"), "that is Pre-LN (x + sublayer(LayerNorm(x))): BERT normalises after each "
-                       "residual sum, LayerNorm(x + sublayer(x))"),
-    (dict(gelu="tanh"), "the feed-forward uses the tanh GELU: BERT's is the exact (erf) one, "
-                        "F.gelu(h)"),
+    (
+        dict(norm="pre"),
+        "that is Pre-LN (x + sublayer(LayerNorm(x))): BERT normalises after each "
+        "residual sum, LayerNorm(x + sublayer(x))",
+    ),
+    (dict(gelu="tanh"), "the feed-forward uses the tanh GELU: BERT's is the exact (erf) one, F.gelu(h)"),
     (dict(gelu="relu"), "the feed-forward uses ReLU: BERT's activation is GELU (exact, erf)"),
-    (dict(attention_residual=False), "the attention sublayer's residual is missing: "
-                                     "LayerNorm(x + dense(self_attention(x)))"),
+    (
+        dict(attention_residual=False),
+        "the attention sublayer's residual is missing: LayerNorm(x + dense(self_attention(x)))",
+    ),
     (dict(ffn_residual=False), "the feed-forward's residual is missing: LayerNorm(x + FFN(x))"),
 ] + _ATTENTION_MISTAKES
 
 
-_LAYER_STEPS = [("MySelfAttention", check_self_attention, "Step 2.2"),
-                ("my_post_ln", check_post_ln, "Step 2.3"),
-                ("my_feed_forward", check_feed_forward, "Step 2.4"),
-                ("my_split_heads", check_split_heads, "Step 2.1")]
+_LAYER_STEPS = [
+    ("MySelfAttention", check_self_attention, "Step 2.2"),
+    ("my_post_ln", check_post_ln, "Step 2.3"),
+    ("my_feed_forward", check_feed_forward, "Step 2.4"),
+    ("my_split_heads", check_split_heads, "Step 2.1"),
+]
 
 
 def _diagnose_layer(x, mask, w, H, eps, cls):
     def diagnose(got):
         with torch.no_grad():
-            hint = next((h for kw, h in _LAYER_MISTAKES
-                         if near(got, bert_layer(x, mask, w, H, eps, **kw))), None)
-            if hint is None and eps < 1e-6 and near(got, bert_layer(x, mask, w, H, 1e-5),
-                                                    dict(atol=2e-5, rtol=1e-5)):
-                hint = ("the LayerNorms use eps = 1e-5 (nn.LayerNorm's default): pass the "
-                        f"constructor's eps ({eps:g} for MiniLM), nn.LayerNorm(C, eps=eps)")
+            hint = next((h for kw, h in _LAYER_MISTAKES if near(got, bert_layer(x, mask, w, H, eps, **kw))), None)
+            if hint is None and eps < 1e-6 and near(got, bert_layer(x, mask, w, H, 1e-5), dict(atol=2e-5, rtol=1e-5)):
+                hint = (
+                    "the LayerNorms use eps = 1e-5 (nn.LayerNorm's default): pass the "
+                    f"constructor's eps ({eps:g} for MiniLM), nn.LayerNorm(C, eps=eps)"
+                )
         return with_earlier(hint, cls, _LAYER_STEPS)
 
     return diagnose
@@ -537,9 +655,14 @@ def _lib_layer(state: dict, C: int, H: int, Fw: int, eps: float):
     """lib.bert's BertLayer with these weights, as a function (x, mask) -> (B, T, C)."""
     from lib.bert import BertConfig, BertLayer
 
-    config = BertConfig(hidden_size=C, num_attention_heads=H, intermediate_size=Fw,
-                        layer_norm_eps=eps, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        hidden_size=C,
+        num_attention_heads=H,
+        intermediate_size=Fw,
+        layer_norm_eps=eps,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     layer = BertLayer(config).eval()
     layer.load_state_dict(state)
     return _no_grad(lambda x, mask: layer(x, mask)[0])
@@ -557,32 +680,50 @@ def check_bert_layer(cls) -> CheckReport:
     def small():
         C, H, Fw, eps = 12, 3, 48, 1e-12
         w = _random_layer_weights(C, Fw, 25)
-        module, report = _built(name, cls, (C, H, Fw, eps), w,
-                                "C = 12, H = 3, F = 48 (random weights)", n_cases)
+        module, report = _built(name, cls, (C, H, Fw, eps), w, "C = 12, H = 3, F = 48 (random weights)", n_cases)
         if report is not None:
             return [], None, None, report
         x = 2 * torch.randn(2, 6, C, generator=torch.Generator().manual_seed(25))
         mask = padding_mask(torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]]))
-        return ([Case("random weights, C = 12, H = 3, F = 48, padding on both sides", (x, mask),
-                      _lib_layer(w, C, H, Fw, eps)(x, mask), **_TOL,
-                      diagnose=_diagnose_layer(x, mask, w, H, eps, cls))],
-                _no_grad(module), _nan_hint, None)
+        return (
+            [
+                Case(
+                    "random weights, C = 12, H = 3, F = 48, padding on both sides",
+                    (x, mask),
+                    _lib_layer(w, C, H, Fw, eps)(x, mask),
+                    **_TOL,
+                    diagnose=_diagnose_layer(x, mask, w, H, eps, cls),
+                )
+            ],
+            _no_grad(module),
+            _nan_hint,
+            None,
+        )
 
     def minilm_layer(i):
         def stage():
             hf, mask = _minilm_transformers(), _minilm()["mask"]
             state = hf["layers"][i]
             C, H, Fw, eps = _MINILM_SIZES
-            case = f"all-MiniLM-L6-v2's layer {i} (of 6), its weights, on a padded batch of 3 " \
-                   "sentences"
+            case = f"all-MiniLM-L6-v2's layer {i} (of 6), its weights, on a padded batch of 3 sentences"
             module, report = _built(name, cls, (C, H, Fw, eps), state, case, n_cases)
             if report is not None:
                 return [], None, None, report
             x = hf["hidden"][i]  # what enters layer i in transformers' BertModel
-            return ([Case(f"{case}: against transformers' BertModel", (x, mask),
-                          hf["hidden"][i + 1], **_TOL,
-                          diagnose=_diagnose_layer(x, mask, state, H, eps, cls))],
-                    _no_grad(module), _nan_hint, None)
+            return (
+                [
+                    Case(
+                        f"{case}: against transformers' BertModel",
+                        (x, mask),
+                        hf["hidden"][i + 1],
+                        **_TOL,
+                        diagnose=_diagnose_layer(x, mask, state, H, eps, cls),
+                    )
+                ],
+                _no_grad(module),
+                _nan_hint,
+                None,
+            )
 
         return stage
 
@@ -600,9 +741,19 @@ def check_bert_layer(cls) -> CheckReport:
 
         # At the real positions only: nothing reads a padding query's output, and its rounding
         # grows from layer to layer (to ~8e-5 for lib.bert too); the real ones stay within 5e-6.
-        return ([Case("your six layers stacked on MiniLM's embeddings: its last hidden state at "
-                      "the real tokens", (hf["hidden"][0], data["mask"]), hf["hidden"][-1][real],
-                      **_TOL)], encoder, _nan_hint, None)
+        return (
+            [
+                Case(
+                    "your six layers stacked on MiniLM's embeddings: its last hidden state at the real tokens",
+                    (hf["hidden"][0], data["mask"]),
+                    hf["hidden"][-1][real],
+                    **_TOL,
+                )
+            ],
+            encoder,
+            _nan_hint,
+            None,
+        )
 
     report = _staged(name, [small] + [minilm_layer(i) for i in range(6)] + [stacked])
     report.n_cases = n_cases

@@ -42,14 +42,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib.decode import generate
 from lib.course.exercises import Case, CheckReport, call_learner, run_checks
+from lib.decode import generate
 from lib.llama import GroupedQueryAttention, Llama, LlamaBlock, LlamaConfig, SwiGLU
 from lib.masks import causal_mask
 from lib.rope import apply_rope, apply_rope_ref, rope_cos_sin
 
-__all__ = ["check_attention", "check_decoder", "check_decoder_block", "check_generate",
-           "check_rmsnorm", "check_rope", "check_swiglu"]
+__all__ = [
+    "check_attention",
+    "check_decoder",
+    "check_decoder_block",
+    "check_generate",
+    "check_rmsnorm",
+    "check_rope",
+    "check_swiglu",
+]
 
 # fp32 throughout: the learner's parts and lib's do the same sums in other orders (a naive
 # softmax against SDPA, rsqrt against 1/sqrt). Measured: they differ by at most 2e-6 on outputs
@@ -62,8 +69,9 @@ MISTAKE_TOL = dict(atol=1e-3, rtol=1e-3)
 # the configs the parts are checked on: lib's tiny Llama (C = 32, H = 4, H_kv = 2, D = 8, F = 48,
 # 2 layers, V = 64), and one with SmolLM2's three query heads per key/value head and its RoPE base
 TINY = LlamaConfig.tiny()
-WIDE = LlamaConfig.tiny(vocab_size=80, n_layer=3, n_embd=48, n_head=6, n_kv_head=2,
-                        intermediate_size=40, rope_base=100000.0)
+WIDE = LlamaConfig.tiny(
+    vocab_size=80, n_layer=3, n_embd=48, n_head=6, n_kv_head=2, intermediate_size=40, rope_base=100000.0
+)
 
 # the real model's run: SmolLM2-135M-Instruct continues this prompt greedily. Its fp32 logits
 # (size ~40) from two correct implementations differ by < 1e-4 (measured ~7e-5 against a float64
@@ -110,8 +118,10 @@ def earlier_stub_hint(err: BaseException, own) -> str | None:
         owner, name = frame.f_code, frame.f_code.co_name
         if owner is getattr(inspect.unwrap(own), "__code__", None):
             return None
-    return (f"{name}, from an earlier step, is still a stub (it raises NotImplementedError): "
-            "write it first, then run this cell again")
+    return (
+        f"{name}, from an earlier step, is still a stub (it raises NotImplementedError): "
+        "write it first, then run this cell again"
+    )
 
 
 def call_part(exercise: str, fn, args: tuple, case: str, n_cases: int, own=None):
@@ -143,18 +153,27 @@ def build(exercise: str, cls, args: tuple, n_cases: int, what: str):
     """Call the learner's class -> (module, None), or (None, the report saying why not)."""
     case = f"building {what}"
     if isinstance(cls, nn.Module):
-        return None, CheckReport(exercise, False, n_cases, case,
-                                 "got a module instance, expected the class",
-                                 f"pass the class itself: the check builds {what} with its config")
+        return None, CheckReport(
+            exercise,
+            False,
+            n_cases,
+            case,
+            "got a module instance, expected the class",
+            f"pass the class itself: the check builds {what} with its config",
+        )
     with torch.random.fork_rng(devices=[]):  # the learner's init draws: leave their generator be
         module, report = call_part(exercise, cls, args, case, n_cases)
     if report is not None:
         return None, report
     if not isinstance(module, nn.Module):
-        return None, CheckReport(exercise, False, n_cases, case,
-                                 f"{what} gave a {type(module).__name__}, expected an nn.Module",
-                                 "define it as `class ...(nn.Module)` and call "
-                                 "super().__init__() first")
+        return None, CheckReport(
+            exercise,
+            False,
+            n_cases,
+            case,
+            f"{what} gave a {type(module).__name__}, expected an nn.Module",
+            "define it as `class ...(nn.Module)` and call super().__init__() first",
+        )
     return module, None
 
 
@@ -171,45 +190,52 @@ def _name_hint(module: nn.Module, missing: list[str], unexpected: list[str]) -> 
     buffers = {name for name, _ in module.named_buffers()}
     saved = [n for n in unexpected if n in buffers]
     if saved:  # before .bias: nanoGPT (and lib/gpt.py) keep the causal mask as a buffer "bias"
-        return (f"{saved[0]} is a buffer saved with the weights: the module must hold only its "
-                "parameters, since a checkpoint holds nothing else and loads strictly; build the "
-                "mask in forward, or register the buffer with persistent=False")
+        return (
+            f"{saved[0]} is a buffer saved with the weights: the module must hold only its "
+            "parameters, since a checkpoint holds nothing else and loads strictly; build the "
+            "mask in forward, or register the buffer with persistent=False"
+        )
     if any(n.endswith(".bias") or n == "bias" for n in unexpected):
         return "Llama's projections and norms have no bias: nn.Linear(..., bias=False)"
     if "lm_head.weight" in unexpected:
         head = getattr(getattr(module, "lm_head", None), "weight", None)
-        embed = getattr(getattr(getattr(module, "model", None), "embed_tokens", None), "weight",
-                        None)
+        embed = getattr(getattr(getattr(module, "model", None), "embed_tokens", None), "weight", None)
         if head is not None and head is embed:
-            return ("lm_head.weight = embed_tokens.weight ties the two, but the module still "
-                    "saves that matrix a second time, as lm_head.weight, a name SmolLM2's "
-                    "checkpoint lacks: drop the lm_head module and compute logits = "
-                    "model.norm(x) @ model.embed_tokens.weight.T")
-        return ("the head is tied to the embedding: logits = model.norm(x) @ "
-                "model.embed_tokens.weight.T, no lm_head of its own (SmolLM2 has none)")
+            return (
+                "lm_head.weight = embed_tokens.weight ties the two, but the module still "
+                "saves that matrix a second time, as lm_head.weight, a name SmolLM2's "
+                "checkpoint lacks: drop the lm_head module and compute logits = "
+                "model.norm(x) @ model.embed_tokens.weight.T"
+            )
+        return (
+            "the head is tied to the embedding: logits = model.norm(x) @ "
+            "model.embed_tokens.weight.T, no lm_head of its own (SmolLM2 has none)"
+        )
     if missing == ["weight"] and len(unexpected) <= 1:
-        return ("keep the learned scale as a parameter named weight: "
-                "self.weight = nn.Parameter(torch.ones(C))")
+        return "keep the learned scale as a parameter named weight: self.weight = nn.Parameter(torch.ones(C))"
     if any(n.startswith(("embed_tokens", "layers.", "norm.")) for n in unexpected):
-        return ("put the parts under self.model, as Hugging Face's LlamaForCausalLM does: "
-                "self.model = nn.Module(); self.model.embed_tokens = ...; names like "
-                "model.layers.0.self_attn.q_proj.weight")
+        return (
+            "put the parts under self.model, as Hugging Face's LlamaForCausalLM does: "
+            "self.model = nn.Module(); self.model.embed_tokens = ...; names like "
+            "model.layers.0.self_attn.q_proj.weight"
+        )
     if any(n.split(".")[-2] in OTHER_NAMES for n in unexpected if "." in n):
-        return ("those are another codebase's names: this course and Hugging Face call them "
-                "q_proj, k_proj, v_proj, o_proj (attention) and gate_proj, up_proj, down_proj "
-                "(SwiGLU)")
-    layers = [{n.split(".")[2] for n in names if n.startswith("model.layers.")}
-              for names in (missing, unexpected)]
+        return (
+            "those are another codebase's names: this course and Hugging Face call them "
+            "q_proj, k_proj, v_proj, o_proj (attention) and gate_proj, up_proj, down_proj "
+            "(SwiGLU)"
+        )
+    layers = [{n.split(".")[2] for n in names if n.startswith("model.layers.")} for names in (missing, unexpected)]
     if layers[0] and not layers[1]:
         return "build cfg.n_layer blocks (this config has more layers than the one you planned for)"
     if len(missing) == len(unexpected) == 1:
-        return (f"rename {unexpected[0]} to {missing[0]}, the name lib and Hugging Face's "
-                "checkpoints use")
+        return f"rename {unexpected[0]} to {missing[0]}, the name lib and Hugging Face's checkpoints use"
     return None
 
 
-def copy_weights(exercise: str, module: nn.Module, reference: nn.Module, n_cases: int, case: str,
-                 shape_hint=None) -> CheckReport | None:
+def copy_weights(
+    exercise: str, module: nn.Module, reference: nn.Module, n_cases: int, case: str, shape_hint=None
+) -> CheckReport | None:
     """Copy lib's weights into the learner's module by name; a report if names or shapes differ."""
     ours, theirs = reference.state_dict(), module.state_dict()
     missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
@@ -217,17 +243,22 @@ def copy_weights(exercise: str, module: nn.Module, reference: nn.Module, n_cases
         parts = [f"missing {_names(missing)}"] if missing else []
         parts += [f"unexpected {_names(unexpected)}"] if unexpected else []
         hint = _name_hint(module, missing, unexpected) or (
-            "use lib's names (Hugging Face's, so that real checkpoints load by name): "
-            + _names(sorted(ours), 12))
-        return CheckReport(exercise, False, n_cases, case,
-                           "parameter names differ from lib's: " + "; ".join(parts), hint)
+            "use lib's names (Hugging Face's, so that real checkpoints load by name): " + _names(sorted(ours), 12)
+        )
+        return CheckReport(
+            exercise, False, n_cases, case, "parameter names differ from lib's: " + "; ".join(parts), hint
+        )
     for name, value in ours.items():
         if theirs[name].shape != value.shape:
             hint = shape_hint(name, tuple(theirs[name].shape)) if shape_hint else None
-            return CheckReport(exercise, False, n_cases, case,
-                               f"{name} has shape {tuple(theirs[name].shape)}, "
-                               f"expected {tuple(value.shape)}",
-                               hint or "nn.Linear(n_in, n_out) stores its weight as (n_out, n_in)")
+            return CheckReport(
+                exercise,
+                False,
+                n_cases,
+                case,
+                f"{name} has shape {tuple(theirs[name].shape)}, expected {tuple(value.shape)}",
+                hint or "nn.Linear(n_in, n_out) stores its weight as (n_out, n_in)",
+            )
     with torch.no_grad():
         module.load_state_dict(ours)
     return None
@@ -241,17 +272,14 @@ def _matches(got: torch.Tensor, value: torch.Tensor | None, tol: dict) -> bool:
     return torch.equal(got, value.to(got.dtype))
 
 
-def first_hint(got: torch.Tensor, variants, tol=None,
-               expected: torch.Tensor | None = None) -> str | None:
+def first_hint(got: torch.Tensor, variants, tol=None, expected: torch.Tensor | None = None) -> str | None:
     """The hint of the first (what that mistake gives, hint) pair that `got` matches, skipping the
     mistakes this case cannot tell from the right answer (no mask when T = 1, say)."""
     tol = tol or MISTAKE_TOL
     if expected is not None and got.dtype != expected.dtype and got.shape == expected.shape:
-        return (f"return {expected.dtype} like the input (compute in another dtype if you like, "
-                "then convert back)")
+        return f"return {expected.dtype} like the input (compute in another dtype if you like, then convert back)"
     for value, hint in variants:
-        if _matches(got, value, tol) and not (expected is not None
-                                              and _matches(expected, value, tol)):
+        if _matches(got, value, tol) and not (expected is not None and _matches(expected, value, tol)):
             return hint
     return None
 
@@ -265,13 +293,24 @@ def upstream_hint(checks) -> str | None:
         report = check(part)
         if not report.passed:
             name = getattr(part, "__name__", "part")
-            return (f"your {name} from Step {step} does not pass its own check yet "
-                    f"({report.problem}): fix it there first")
+            return (
+                f"your {name} from Step {step} does not pass its own check yet ({report.problem}): fix it there first"
+            )
     return None
 
 
-def module_cases(exercise: str, cls, specs, make_reference, construct_args, forward, what: str,
-                 shape_hint=None, diagnose=None, nan_hint=None) -> CheckReport:
+def module_cases(
+    exercise: str,
+    cls,
+    specs,
+    make_reference,
+    construct_args,
+    forward,
+    what: str,
+    shape_hint=None,
+    diagnose=None,
+    nan_hint=None,
+) -> CheckReport:
     """Build the learner's module for each spec (name, cfg, inputs), copy lib's weights in, and
     compare its forward with lib's: `forward(module, cfg, *inputs)` runs either module;
     `diagnose(module, reference, cfg, inputs, expected)` makes a case's hint function."""
@@ -282,8 +321,7 @@ def module_cases(exercise: str, cls, specs, make_reference, construct_args, forw
         module, report = build(exercise, cls, construct_args(cfg), n, what)
         if report is not None:
             return report
-        report = copy_weights(exercise, module, reference, n,
-                              f"{name}: copying lib's weights into {what}", shape_hint)
+        report = copy_weights(exercise, module, reference, n, f"{name}: copying lib's weights into {what}", shape_hint)
         if report is not None:
             return report
         with torch.no_grad():
@@ -324,12 +362,14 @@ def randomised(module: nn.Module, seed: int) -> nn.Module:
 
 def tiny_llama(cfg: LlamaConfig, seed: int, std: float = 0.2) -> Llama:
     """lib's Llama with normal(0, std) weights and norm weights near one, in eval mode."""
+
     def make():
         model = Llama(cfg)
         with torch.no_grad():
             for p in model.parameters():
                 p.normal_(0.0, std) if p.dim() == 2 else p.copy_(1 + 0.3 * torch.randn(p.shape))
         return model.eval()
+
     return seeded(seed, make)
 
 
@@ -339,8 +379,10 @@ def _x(seed: int, *shape) -> torch.Tensor:
 
 
 def _attention_nan_hint(case) -> str:
-    return ("NaN after the softmax: a row whose keys are all masked? Mask only the keys after the "
-            "query (triu(diagonal=1)): a token always sees itself")
+    return (
+        "NaN after the softmax: a row whose keys are all masked? Mask only the keys after the "
+        "query (triu(diagonal=1)): a token always sees itself"
+    )
 
 
 # --------------------------------------------------------------------------- 3.1 RMSNorm
@@ -349,21 +391,28 @@ def _diagnose_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, expected: to
     centred = x - x.mean(-1, keepdim=True)
     fixed_eps = "use the eps given to __init__ (it differs between models), not a fixed {}"
     variants = [
-        (x * torch.rsqrt(ms + eps),
-         "the learned scale is missing: multiply by self.weight (C values, one per channel)"),
-        (centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * w,
-         "that is LayerNorm: RMSNorm subtracts no mean (and adds no bias); divide x by "
-         "sqrt(mean(x²) + eps)"),
-        (x * torch.rsqrt(x.var(-1, keepdim=True) + eps) * w,
-         "divide by the root mean square of x, not by its standard deviation"),
+        (
+            x * torch.rsqrt(ms + eps),
+            "the learned scale is missing: multiply by self.weight (C values, one per channel)",
+        ),
+        (
+            centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * w,
+            "that is LayerNorm: RMSNorm subtracts no mean (and adds no bias); divide x by sqrt(mean(x²) + eps)",
+        ),
+        (
+            x * torch.rsqrt(x.var(-1, keepdim=True) + eps) * w,
+            "divide by the root mean square of x, not by its standard deviation",
+        ),
         (x / (ms.sqrt() + eps) * w, "eps goes inside the square root: x / sqrt(mean(x²) + eps)"),
-        (x * torch.rsqrt(ms) * w,
-         "eps is missing: x / sqrt(mean(x²) + eps) keeps a near-zero vector finite"),
-        (x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * w,
-         "average the squares over the C channels (mean), don't sum them"),
-        (x * torch.rsqrt(x.pow(2).mean() + eps) * w,
-         "normalise each vector over its own C channels: x.pow(2).mean(-1, keepdim=True), not "
-         "over the whole tensor"),
+        (x * torch.rsqrt(ms) * w, "eps is missing: x / sqrt(mean(x²) + eps) keeps a near-zero vector finite"),
+        (
+            x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * w,
+            "average the squares over the C channels (mean), don't sum them",
+        ),
+        (
+            x * torch.rsqrt(x.pow(2).mean() + eps) * w,
+            "normalise each vector over its own C channels: x.pow(2).mean(-1, keepdim=True), not over the whole tensor",
+        ),
         (x * torch.rsqrt(ms + 1e-5) * w if eps != 1e-5 else None, fixed_eps.format("1e-5")),
         (x * torch.rsqrt(ms + 1e-6) * w if eps != 1e-6 else None, fixed_eps.format("1e-6")),
     ]
@@ -379,8 +428,7 @@ def check_rmsnorm(cls) -> CheckReport:
     specs = [
         ("x (2, 3, 8) with a learned scale, eps = 1e-5", (8, 1e-5), (_x(0, 2, 3, 8) + 0.7,)),
         ("a row of zeros (eps keeps it finite) among negative rows", (8, 1e-5), (zero_row,)),
-        ("small inputs (|x| ~ 0.003) and eps = 1e-4: where eps matters", (16, 1e-4),
-         (0.003 * _x(2, 3, 16),)),
+        ("small inputs (|x| ~ 0.003) and eps = 1e-4: where eps matters", (16, 1e-4), (0.003 * _x(2, 3, 16),)),
         ("large values (|x| ~ 100), C = 16, eps = 1e-6", (16, 1e-6), (100 * _x(3, 1, 5, 16),)),
     ]
 
@@ -397,9 +445,17 @@ def check_rmsnorm(cls) -> CheckReport:
     def nan_hint(case):
         return "a row of zeros gives 0/0: add eps inside the square root, x / sqrt(mean(x²) + eps)"
 
-    return module_cases("Step 3.1 (RMSNorm)", cls, specs, make_reference, lambda cfg: cfg,
-                        lambda m, cfg, x: m(x), "MyRMSNorm(C, eps)", diagnose=diagnose,
-                        nan_hint=nan_hint)
+    return module_cases(
+        "Step 3.1 (RMSNorm)",
+        cls,
+        specs,
+        make_reference,
+        lambda cfg: cfg,
+        lambda m, cfg, x: m(x),
+        "MyRMSNorm(C, eps)",
+        diagnose=diagnose,
+        nan_hint=nan_hint,
+    )
 
 
 # --------------------------------------------------------------------------- 3.2 SwiGLU
@@ -407,25 +463,20 @@ def _diagnose_swiglu(mlp: SwiGLU, x: torch.Tensor, expected: torch.Tensor):
     with torch.no_grad():
         g, u, down = mlp.gate_proj(x), mlp.up_proj(x), mlp.down_proj
         variants = [
-            (down(g * F.silu(u)),
-             "SiLU belongs on the gate branch: down(silu(gate(x)) * up(x)); you put it on up"),
+            (down(g * F.silu(u)), "SiLU belongs on the gate branch: down(silu(gate(x)) * up(x)); you put it on up"),
             (down(g * u), "the gate needs its SiLU: down(silu(gate(x)) * up(x))"),
             (down(F.gelu(g) * u), "SwiGLU's gate is SiLU, x·sigmoid(x) (F.silu), not GELU"),
-            (down(torch.sigmoid(g) * u),
-             "SiLU is x·sigmoid(x), not sigmoid(x) alone (a sigmoid gate is GLU's)"),
+            (down(torch.sigmoid(g) * u), "SiLU is x·sigmoid(x), not sigmoid(x) alone (a sigmoid gate is GLU's)"),
             (down(F.relu(g) * u), "SwiGLU's gate is SiLU (F.silu), not ReLU"),
-            (down(F.silu(g * u)),
-             "apply SiLU to the gate alone, then multiply by up(x): down(silu(gate(x)) * up(x))"),
-            (down(F.silu(g) + u),
-             "the two branches multiply, they don't add: silu(gate(x)) * up(x)"),
+            (down(F.silu(g * u)), "apply SiLU to the gate alone, then multiply by up(x): down(silu(gate(x)) * up(x))"),
+            (down(F.silu(g) + u), "the two branches multiply, they don't add: silu(gate(x)) * up(x)"),
         ]
     return lambda got: first_hint(got, variants, expected=expected)
 
 
 def _swiglu_shape_hint(name: str, shape: tuple) -> str:
     if name.startswith(("gate_proj", "up_proj")):
-        return ("gate_proj and up_proj go from C to F = cfg.intermediate_size: nn.Linear(C, F), "
-                "whose weight is (F, C)")
+        return "gate_proj and up_proj go from C to F = cfg.intermediate_size: nn.Linear(C, F), whose weight is (F, C)"
     return "down_proj goes back from F to C: nn.Linear(F, C), whose weight is (C, F)"
 
 
@@ -444,14 +495,30 @@ def check_swiglu(cls) -> CheckReport:
     def diagnose(module, reference, cfg, inputs, expected):
         return _diagnose_swiglu(reference, inputs[0], expected)
 
-    return module_cases("Step 3.2 (the SwiGLU feed-forward)", cls, specs, make_reference,
-                        lambda cfg: (cfg,), lambda m, cfg, x: m(x), "MySwiGLU(cfg)",
-                        shape_hint=_swiglu_shape_hint, diagnose=diagnose)
+    return module_cases(
+        "Step 3.2 (the SwiGLU feed-forward)",
+        cls,
+        specs,
+        make_reference,
+        lambda cfg: (cfg,),
+        lambda m, cfg, x: m(x),
+        "MySwiGLU(cfg)",
+        shape_hint=_swiglu_shape_hint,
+        diagnose=diagnose,
+    )
 
 
 # --------------------------------------------------------------------------- 3.3 RoPE
-def rotate(x: torch.Tensor, base: float, *, first: int = 0, pairs: str = "half",
-           table: str = "half", sign: float = 1.0, exponent: float = 2.0) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor,
+    base: float,
+    *,
+    first: int = 0,
+    pairs: str = "half",
+    table: str = "half",
+    sign: float = 1.0,
+    exponent: float = 2.0,
+) -> torch.Tensor:
     """RoPE and its plausible misreadings, computed in float64: x (B, H, T, D) rotated at
     positions first..first+T-1 by the angles p·base^(-exponent·i/D)."""
     B, H, T, D = x.shape
@@ -472,22 +539,30 @@ def rotate(x: torch.Tensor, base: float, *, first: int = 0, pairs: str = "half",
 
 def _diagnose_rope(x: torch.Tensor, base: float, expected: torch.Tensor):
     variants = [
-        (x, "the output equals the input: rotate each pair (i, i + D/2) by the angle "
-            "position · θ_i"),
-        (rotate(x, base, pairs="interleaved", table="interleaved"),
-         "those are the paper's interleaved pairs (2i, 2i + 1); Hugging Face's Llama, SmolLM2 and "
-         "lib pair channel i with channel i + D/2: rotate_half(x) = cat(-x2, x1) on the halves"),
-        (rotate(x, base, table="interleaved"),
-         "the angle table is repeat-interleaved: channel i pairs with i + D/2, so concatenate "
-         "the (T, D/2) angles with themselves, cat([a, a], -1)"),
-        (rotate(x, base, sign=-1.0),
-         "rotated the wrong way: x·cos + rotate_half(x)·sin with rotate_half(x) = cat(-x2, x1)"),
-        (rotate(x, base, exponent=1.0),
-         "θ_i = base^(-2i/D) for i = 0 .. D/2 - 1: torch.arange(0, D, 2) / D, not "
-         "arange(D // 2) / D"),
+        (x, "the output equals the input: rotate each pair (i, i + D/2) by the angle position · θ_i"),
+        (
+            rotate(x, base, pairs="interleaved", table="interleaved"),
+            "those are the paper's interleaved pairs (2i, 2i + 1); Hugging Face's Llama, SmolLM2 and "
+            "lib pair channel i with channel i + D/2: rotate_half(x) = cat(-x2, x1) on the halves",
+        ),
+        (
+            rotate(x, base, table="interleaved"),
+            "the angle table is repeat-interleaved: channel i pairs with i + D/2, so concatenate "
+            "the (T, D/2) angles with themselves, cat([a, a], -1)",
+        ),
+        (
+            rotate(x, base, sign=-1.0),
+            "rotated the wrong way: x·cos + rotate_half(x)·sin with rotate_half(x) = cat(-x2, x1)",
+        ),
+        (
+            rotate(x, base, exponent=1.0),
+            "θ_i = base^(-2i/D) for i = 0 .. D/2 - 1: torch.arange(0, D, 2) / D, not arange(D // 2) / D",
+        ),
         (rotate(x, base, first=1), "positions start at 0: the first token is not rotated"),
-        (rotate(x, 10000.0) if base != 10000.0 else None,
-         "use the base passed in (SmolLM2's is 100,000), not a fixed 10000"),
+        (
+            rotate(x, 10000.0) if base != 10000.0 else None,
+            "use the base passed in (SmolLM2's is 100,000), not a fixed 10000",
+        ),
     ]
     return lambda got: first_hint(got, variants, expected=expected)
 
@@ -506,15 +581,22 @@ def check_rope(fn) -> CheckReport:
         x = torch.randn(*shape, generator=g)
         # fp32 against a float64 rotation: fp32 tables round the angles' cos and sin by ~1e-7
         expected = apply_rope_ref(x, torch.arange(shape[2]), base)
-        cases.append(Case(name, (x.clone(), base), expected,
-                          diagnose=_diagnose_rope(x, base, expected), **TOL))
+        cases.append(Case(name, (x.clone(), base), expected, diagnose=_diagnose_rope(x, base, expected), **TOL))
     return run_checks("Step 3.3 (RoPE)", fn, cases)
 
 
 # --------------------------------------------------------------------------- 3.4 attention
-def gqa_variant(att: nn.Module, x: torch.Tensor, base: float, *, rope: str = "qk",
-                expand: str = "interleave", causal: bool = True, scale: bool = True,
-                split: str = "heads") -> torch.Tensor:
+def gqa_variant(
+    att: nn.Module,
+    x: torch.Tensor,
+    base: float,
+    *,
+    rope: str = "qk",
+    expand: str = "interleave",
+    causal: bool = True,
+    scale: bool = True,
+    split: str = "heads",
+) -> torch.Tensor:
     """Grouped-query self-attention with lib's projections `att`, and its plausible mistakes:
     RoPE on other tensors, KV heads repeated instead of interleaved, no mask, no scale, heads
     split with a plain view."""
@@ -544,44 +626,55 @@ def _diagnose_attention(cls, reference, cfg, x, expected):
     both = "only then does a score depend on the offset between the two positions"
     with torch.no_grad():
         variants = [
-            (gqa_variant(reference, x, base, rope="qkv"),
-             "RoPE rotates q and k only: v carries what a token says, not where it is"),
+            (
+                gqa_variant(reference, x, base, rope="qkv"),
+                "RoPE rotates q and k only: v carries what a token says, not where it is",
+            ),
             (gqa_variant(reference, x, base, rope="q"), f"rotate k as well as q: {both}"),
             (gqa_variant(reference, x, base, rope="k"), f"rotate q as well as k: {both}"),
-            (gqa_variant(reference, x, base, rope=""),
-             "no RoPE: apply my_rope to q and k (after splitting the heads, before the scores)"),
-            (gqa_variant(reference, x, base, expand="repeat"),
-             "KV head j serves the query heads j·H/H_kv .. (j+1)·H/H_kv - 1 (the layout of "
-             "SmolLM2's weights): repeat_interleave(H // H_kv, dim=1); .repeat cycles through "
-             "the KV heads instead"),
-            (gqa_variant(reference, x, base, causal=False),
-             "no causal mask: query t must not see the keys after t (-inf above the diagonal)"),
-            (gqa_variant(reference, x, base, scale=False),
-             "scale the scores by 1/√D, D the head dim"),
-            (gqa_variant(reference, x, base, split="flat"),
-             "split the heads with view(B, T, H, D).transpose(1, 2): a plain view(B, H, T, D) "
-             "mixes tokens and heads"),
-            (gqa_variant(reference, x, 10000.0) if base != 10000.0 else None,
-             "use cfg.rope_base (SmolLM2's is 100,000), not a fixed 10000"),
+            (
+                gqa_variant(reference, x, base, rope=""),
+                "no RoPE: apply my_rope to q and k (after splitting the heads, before the scores)",
+            ),
+            (
+                gqa_variant(reference, x, base, expand="repeat"),
+                "KV head j serves the query heads j·H/H_kv .. (j+1)·H/H_kv - 1 (the layout of "
+                "SmolLM2's weights): repeat_interleave(H // H_kv, dim=1); .repeat cycles through "
+                "the KV heads instead",
+            ),
+            (
+                gqa_variant(reference, x, base, causal=False),
+                "no causal mask: query t must not see the keys after t (-inf above the diagonal)",
+            ),
+            (gqa_variant(reference, x, base, scale=False), "scale the scores by 1/√D, D the head dim"),
+            (
+                gqa_variant(reference, x, base, split="flat"),
+                "split the heads with view(B, T, H, D).transpose(1, 2): a plain view(B, H, T, D) "
+                "mixes tokens and heads",
+            ),
+            (
+                gqa_variant(reference, x, 10000.0) if base != 10000.0 else None,
+                "use cfg.rope_base (SmolLM2's is 100,000), not a fixed 10000",
+            ),
         ]
 
     def diagnose(got: torch.Tensor) -> str | None:
         B, T, C = x.shape
         if got.shape == (B, cfg.n_head, T, cfg.head_dim):
-            return ("merge the heads and project back: y.transpose(1, 2).reshape(B, T, H·D), "
-                    "then o_proj")
-        return (upstream_hint([("3.3", learner_global(cls, "my_rope"), check_rope)])
-                or first_hint(got, variants, expected=expected))
+            return "merge the heads and project back: y.transpose(1, 2).reshape(B, T, H·D), then o_proj"
+        return upstream_hint([("3.3", learner_global(cls, "my_rope"), check_rope)]) or first_hint(
+            got, variants, expected=expected
+        )
 
     return diagnose
 
 
 def _attention_shape_hint(name: str, shape: tuple) -> str:
     if name.startswith(("k_proj", "v_proj")):
-        return ("k_proj and v_proj make H_kv = cfg.n_kv_head heads: nn.Linear(C, H_kv·D, "
-                "bias=False); only q_proj makes H")
-    return ("q_proj makes H = cfg.n_head heads of D = cfg.head_dim: nn.Linear(C, H·D); o_proj "
-            "maps H·D back to C")
+        return (
+            "k_proj and v_proj make H_kv = cfg.n_kv_head heads: nn.Linear(C, H_kv·D, bias=False); only q_proj makes H"
+        )
+    return "q_proj makes H = cfg.n_head heads of D = cfg.head_dim: nn.Linear(C, H·D); o_proj maps H·D back to C"
 
 
 def check_attention(cls) -> CheckReport:
@@ -589,10 +682,11 @@ def check_attention(cls) -> CheckReport:
     (H·D -> C), no biases; forward x (B, T, C) -> (B, T, C): q and k rotated by my_rope at
     positions 0..T-1, each KV head shared by H / H_kv query heads (repeat_interleave), causal
     softmax(qkᵀ/√D)v, o_proj."""
-    specs = [("one token (T = 1): it attends only to itself", TINY, (_x(60, 1, 1, 32),)),
-             ("B = 2, T = 7: H = 4 query heads share H_kv = 2 KV heads", TINY, (_x(61, 2, 7, 32),)),
-             ("three query heads per KV head (as SmolLM2's 9 / 3), RoPE base 100,000, T = 5", WIDE,
-              (_x(62, 1, 5, 48),))]
+    specs = [
+        ("one token (T = 1): it attends only to itself", TINY, (_x(60, 1, 1, 32),)),
+        ("B = 2, T = 7: H = 4 query heads share H_kv = 2 KV heads", TINY, (_x(61, 2, 7, 32),)),
+        ("three query heads per KV head (as SmolLM2's 9 / 3), RoPE base 100,000, T = 5", WIDE, (_x(62, 1, 5, 48),)),
+    ]
 
     def make_reference(cfg, i):
         return randomised(seeded(70 + i, lambda: GroupedQueryAttention(cfg)), 80 + i)
@@ -605,15 +699,22 @@ def check_attention(cls) -> CheckReport:
     def diagnose(module, reference, cfg, inputs, expected):
         return _diagnose_attention(cls, reference, cfg, inputs[0], expected)
 
-    return module_cases("Step 3.4 (grouped-query self-attention)", cls, specs, make_reference,
-                        lambda cfg: (cfg,), forward, "MyAttention(cfg)",
-                        shape_hint=_attention_shape_hint, diagnose=diagnose,
-                        nan_hint=_attention_nan_hint)
+    return module_cases(
+        "Step 3.4 (grouped-query self-attention)",
+        cls,
+        specs,
+        make_reference,
+        lambda cfg: (cfg,),
+        forward,
+        "MyAttention(cfg)",
+        shape_hint=_attention_shape_hint,
+        diagnose=diagnose,
+        nan_hint=_attention_nan_hint,
+    )
 
 
 # --------------------------------------------------------------------------- 3.5 the block
-def _diagnose_block(module: nn.Module, block: LlamaBlock, cfg: LlamaConfig, x: torch.Tensor,
-                    expected: torch.Tensor):
+def _diagnose_block(module: nn.Module, block: LlamaBlock, cfg: LlamaConfig, x: torch.Tensor, expected: torch.Tensor):
     rope = rope_cos_sin(x.shape[1], cfg.head_dim, base=cfg.rope_base)
     with torch.no_grad():
         A = lambda h: block.self_attn(h, rope=rope)  # noqa: E731
@@ -623,28 +724,35 @@ def _diagnose_block(module: nn.Module, block: LlamaBlock, cfg: LlamaConfig, x: t
         swapped = x + A(n2(x))
         normed = n1(x) + A(n1(x))
         variants = [
-            (n2(post + M(post)),
-             "that is post-norm (the original Transformer, BERT): Llama normalises each branch's "
-             "input and adds the branch to the raw x, x = x + attn(norm(x))"),
-            (M(n2(A(n1(x)))),
-             "add each branch to the residual stream: x = x + self_attn(input_layernorm(x)), "
-             "then x = x + mlp(post_attention_layernorm(x))"),
-            (M(n2(after_attn)),
-             "the MLP's output is added to x too: x = x + mlp(post_attention_layernorm(x))"),
-            (A(n1(x)) + M(n2(A(n1(x)))),
-             "the attention's output is added to x: x = x + self_attn(input_layernorm(x))"),
-            (x + A(n1(x)) + M(n2(x)),
-             "the MLP reads x after the attention's update (one branch after the other, not in "
-             "parallel as GPT-J)"),
-            (swapped + M(n1(swapped)),
-             "input_layernorm goes before the attention, post_attention_layernorm before the MLP"),
-            (after_attn + M(n1(after_attn)),
-             "each branch has its own norm: post_attention_layernorm before the MLP"),
+            (
+                n2(post + M(post)),
+                "that is post-norm (the original Transformer, BERT): Llama normalises each branch's "
+                "input and adds the branch to the raw x, x = x + attn(norm(x))",
+            ),
+            (
+                M(n2(A(n1(x)))),
+                "add each branch to the residual stream: x = x + self_attn(input_layernorm(x)), "
+                "then x = x + mlp(post_attention_layernorm(x))",
+            ),
+            (M(n2(after_attn)), "the MLP's output is added to x too: x = x + mlp(post_attention_layernorm(x))"),
+            (A(n1(x)) + M(n2(A(n1(x)))), "the attention's output is added to x: x = x + self_attn(input_layernorm(x))"),
+            (
+                x + A(n1(x)) + M(n2(x)),
+                "the MLP reads x after the attention's update (one branch after the other, not in parallel as GPT-J)",
+            ),
+            (
+                swapped + M(n1(swapped)),
+                "input_layernorm goes before the attention, post_attention_layernorm before the MLP",
+            ),
+            (after_attn + M(n1(after_attn)), "each branch has its own norm: post_attention_layernorm before the MLP"),
             (normed + M(n2(normed)), "add the branch to x itself, not to the normalised x"),
         ]
-    parts = [("input_layernorm", "3.1", check_rmsnorm),
-             ("post_attention_layernorm", "3.1", check_rmsnorm),
-             ("mlp", "3.2", check_swiglu), ("self_attn", "3.4", check_attention)]
+    parts = [
+        ("input_layernorm", "3.1", check_rmsnorm),
+        ("post_attention_layernorm", "3.1", check_rmsnorm),
+        ("mlp", "3.2", check_swiglu),
+        ("self_attn", "3.4", check_attention),
+    ]
 
     def learners_parts():
         for attr, step, check in parts:
@@ -661,9 +769,11 @@ def check_decoder_block(cls) -> CheckReport:
     """MyDecoderBlock(cfg) with input_layernorm, self_attn, post_attention_layernorm, mlp;
     forward x (B, T, C) -> (B, T, C): x + self_attn(input_layernorm(x)), then
     + mlp(post_attention_layernorm(x))."""
-    specs = [("one token (T = 1)", TINY, (_x(90, 1, 1, 32),)),
-             ("B = 2, T = 6", TINY, (_x(91, 2, 6, 32),)),
-             ("C = 48, 6 query / 2 KV heads, RoPE base 100,000, T = 5", WIDE, (_x(92, 1, 5, 48),))]
+    specs = [
+        ("one token (T = 1)", TINY, (_x(90, 1, 1, 32),)),
+        ("B = 2, T = 6", TINY, (_x(91, 2, 6, 32),)),
+        ("C = 48, 6 query / 2 KV heads, RoPE base 100,000, T = 5", WIDE, (_x(92, 1, 5, 48),)),
+    ]
 
     def make_reference(cfg, i):
         return randomised(seeded(100 + i, lambda: LlamaBlock(cfg)), 110 + i)
@@ -674,15 +784,23 @@ def check_decoder_block(cls) -> CheckReport:
         return module(x)
 
     def shape_hint(name, shape):
-        return _attention_shape_hint(name[len("self_attn."):], shape) if name.startswith(
-            "self_attn.") else None
+        return _attention_shape_hint(name[len("self_attn.") :], shape) if name.startswith("self_attn.") else None
 
     def diagnose(module, reference, cfg, inputs, expected):
         return _diagnose_block(module, reference, cfg, inputs[0], expected)
 
-    return module_cases("Step 3.5 (the decoder block)", cls, specs, make_reference,
-                        lambda cfg: (cfg,), forward, "MyDecoderBlock(cfg)", shape_hint=shape_hint,
-                        diagnose=diagnose, nan_hint=_attention_nan_hint)
+    return module_cases(
+        "Step 3.5 (the decoder block)",
+        cls,
+        specs,
+        make_reference,
+        lambda cfg: (cfg,),
+        forward,
+        "MyDecoderBlock(cfg)",
+        shape_hint=shape_hint,
+        diagnose=diagnose,
+        nan_hint=_attention_nan_hint,
+    )
 
 
 # --------------------------------------------------------------------------- 3.6 the decoder
@@ -703,22 +821,21 @@ def _diagnose_decoder(module: nn.Module, model: Llama, idx: torch.Tensor, expect
             (_hidden(model, idx) @ W.T, "apply the final norm (model.norm) before the head"),
             (expected.softmax(-1), "return the logits themselves, not probabilities (no softmax)"),
             (expected.log_softmax(-1), "return the logits themselves, not log-probabilities"),
-            (norm(_hidden(model, idx, math.sqrt(model.config.n_embd))) @ W.T,
-             "Llama does not scale the embedding by √C (GPT-2 doesn't either; Gemma does)"),
-            (norm(model.model.embed_tokens(idx)) @ W.T,
-             "run x through every block in model.layers"),
+            (
+                norm(_hidden(model, idx, math.sqrt(model.config.n_embd))) @ W.T,
+                "Llama does not scale the embedding by √C (GPT-2 doesn't either; Gemma does)",
+            ),
+            (norm(model.model.embed_tokens(idx)) @ W.T, "run x through every block in model.layers"),
         ]
 
     def diagnose(got: torch.Tensor) -> str | None:
         B, T = idx.shape
         if got.shape == (B, model.config.vocab_size):
-            return ("return the logits at every position, (B, T, V): generation reads the last, "
-                    "training all of them")
+            return "return the logits at every position, (B, T, V): generation reads the last, training all of them"
         layers = getattr(getattr(module, "model", None), "layers", None)
         block = type(layers[0]) if isinstance(layers, nn.ModuleList) and len(layers) else None
         block = block if block is not None and is_learners(block) else None
-        return (upstream_hint([("3.5", block, check_decoder_block)])
-                or first_hint(got, variants, expected=expected))
+        return upstream_hint([("3.5", block, check_decoder_block)]) or first_hint(got, variants, expected=expected)
 
     return diagnose
 
@@ -727,18 +844,30 @@ def check_decoder(cls) -> CheckReport:
     """MyDecoder(cfg) with model.embed_tokens, model.layers (cfg.n_layer MyDecoderBlocks),
     model.norm and a head tied to the embedding; forward idx (B, T) -> logits (B, T, V)."""
     g = torch.Generator().manual_seed(120)
-    specs = [("one token (B = 1, T = 1)", TINY, (torch.randint(64, (1, 1), generator=g),)),
-             ("B = 2, T = 9", TINY, (torch.randint(64, (2, 9), generator=g),)),
-             ("3 layers, C = 48, 6 query / 2 KV heads, RoPE base 100,000, V = 80, T = 5", WIDE,
-              (torch.randint(80, (1, 5), generator=g),))]
+    specs = [
+        ("one token (B = 1, T = 1)", TINY, (torch.randint(64, (1, 1), generator=g),)),
+        ("B = 2, T = 9", TINY, (torch.randint(64, (2, 9), generator=g),)),
+        (
+            "3 layers, C = 48, 6 query / 2 KV heads, RoPE base 100,000, V = 80, T = 5",
+            WIDE,
+            (torch.randint(80, (1, 5), generator=g),),
+        ),
+    ]
 
     def diagnose(module, reference, cfg, inputs, expected):
         return _diagnose_decoder(module, reference, inputs[0], expected)
 
-    return module_cases("Step 3.6 (the whole decoder)", cls, specs,
-                        lambda cfg, i: tiny_llama(cfg, 130 + i), lambda cfg: (cfg,),
-                        lambda m, cfg, idx: m(idx), "MyDecoder(cfg)", diagnose=diagnose,
-                        nan_hint=_attention_nan_hint)
+    return module_cases(
+        "Step 3.6 (the whole decoder)",
+        cls,
+        specs,
+        lambda cfg, i: tiny_llama(cfg, 130 + i),
+        lambda cfg: (cfg,),
+        lambda m, cfg, idx: m(idx),
+        "MyDecoder(cfg)",
+        diagnose=diagnose,
+        nan_hint=_attention_nan_hint,
+    )
 
 
 # --------------------------------------------------------------------------- 3.7 SmolLM2
@@ -757,8 +886,9 @@ def smollm2_run():
     return model, tokenizer, idx, tokens, logits
 
 
-def _loop_variant(model: nn.Module, idx: torch.Tensor, n: int, *, position: int = -1,
-                  window: int | None = None) -> torch.Tensor:
+def _loop_variant(
+    model: nn.Module, idx: torch.Tensor, n: int, *, position: int = -1, window: int | None = None
+) -> torch.Tensor:
     """A greedy loop with a plausible mistake: read another position's logits, or feed only the
     last `window` tokens."""
     with torch.no_grad():
@@ -771,25 +901,27 @@ def _loop_variant(model: nn.Module, idx: torch.Tensor, n: int, *, position: int 
 def _diagnose_loop(model: nn.Module, idx: torch.Tensor, n: int, expected: torch.Tensor):
     B, T = idx.shape
     variants = [
-        (_loop_variant(model, idx, n, position=0),
-         "the next token comes from the logits at the LAST position, logits[:, -1], not the first"),
-        (_loop_variant(model, idx, n, window=1),
-         "without a cache the model sees only what you feed it: run it on the whole sequence so "
-         "far at every step, not just the newest token"),
+        (
+            _loop_variant(model, idx, n, position=0),
+            "the next token comes from the logits at the LAST position, logits[:, -1], not the first",
+        ),
+        (
+            _loop_variant(model, idx, n, window=1),
+            "without a cache the model sees only what you feed it: run it on the whole sequence so "
+            "far at every step, not just the newest token",
+        ),
     ]
 
     def diagnose(got: torch.Tensor) -> str | None:
         if got.dim() == 2 and got.shape == (B, n):
-            return ("return the prompt followed by the new tokens: torch.cat([idx, new], dim=1), "
-                    "(B, T + n)")
+            return "return the prompt followed by the new tokens: torch.cat([idx, new], dim=1), (B, T + n)"
         if got.dim() == 2 and got.shape[0] == B and abs(got.shape[1] - (T + n)) == 1:
-            return ("one token too many or too few: exactly max_new_tokens new tokens, one per "
-                    "model call")
+            return "one token too many or too few: exactly max_new_tokens new tokens, one per model call"
         if got.is_floating_point():
             return "token ids are integers: keep argmax's int64 (torch.long), not floats"
         return first_hint(got, variants, expected=expected) or (
-            "greedy decoding: at each step append argmax(model(idx)[:, -1], dim=-1) to idx "
-            "(no sampling)")
+            "greedy decoding: at each step append argmax(model(idx)[:, -1], dim=-1) to idx (no sampling)"
+        )
 
     return diagnose
 
@@ -800,12 +932,16 @@ def _smollm2_in(exercise: str, fn, learner, n_cases: int) -> CheckReport:
     case = f"SmolLM2-135M-Instruct's weights in your MyDecoder, {PROMPT!r} + {N_NEW} tokens"
     decoder_cls = learner_global(fn, "MyDecoder")
     if decoder_cls is None:
-        return CheckReport(exercise, False, n_cases, case, "no MyDecoder in this notebook",
-                           "run Step 3.6's cell first: this check builds your MyDecoder with "
-                           "SmolLM2's config and loads its weights")
+        return CheckReport(
+            exercise,
+            False,
+            n_cases,
+            case,
+            "no MyDecoder in this notebook",
+            "run Step 3.6's cell first: this check builds your MyDecoder with SmolLM2's config and loads its weights",
+        )
     model, tokenizer, idx, tokens, logits = smollm2_run()
-    mine, report = build(exercise, decoder_cls, (model.config,), n_cases,
-                         "MyDecoder(cfg) with SmolLM2's config")
+    mine, report = build(exercise, decoder_cls, (model.config,), n_cases, "MyDecoder(cfg) with SmolLM2's config")
     report = report or copy_weights(exercise, mine, model, n_cases, case)
     if report is not None:
         return report
@@ -821,26 +957,34 @@ def _smollm2_in(exercise: str, fn, learner, n_cases: int) -> CheckReport:
     same_shape = isinstance(got, torch.Tensor) and got.shape == logits.shape
     if not (same_shape and torch.allclose(got, logits, **SMOL_TOL)):
         tiny = check_decoder(decoder_cls)
-        hint = (f"your MyDecoder does not pass Step 3.6's check yet ({tiny.problem}): fix it "
-                "there first" if not tiny.passed else
-                "your MyDecoder passes on the tiny configs but not with SmolLM2's: is a value "
-                "fixed for the tiny model? SmolLM2 has 30 layers, width 576, 9 query and 3 "
-                "key/value heads of dimension 64, RoPE base 100,000 and eps 1e-5: read them all "
-                "from cfg")
-        diff = (f" (largest difference {(got - logits).abs().max().item():.3g})"
-                if same_shape else "")
-        return CheckReport(exercise, False, n_cases, case,
-                           "your MyDecoder's logits differ from lib's SmolLM2" + diff, hint)
+        hint = (
+            f"your MyDecoder does not pass Step 3.6's check yet ({tiny.problem}): fix it there first"
+            if not tiny.passed
+            else "your MyDecoder passes on the tiny configs but not with SmolLM2's: is a value "
+            "fixed for the tiny model? SmolLM2 has 30 layers, width 576, 9 query and 3 "
+            "key/value heads of dimension 64, RoPE base 100,000 and eps 1e-5: read them all "
+            "from cfg"
+        )
+        diff = f" (largest difference {(got - logits).abs().max().item():.3g})" if same_shape else ""
+        return CheckReport(
+            exercise, False, n_cases, case, "your MyDecoder's logits differ from lib's SmolLM2" + diff, hint
+        )
     got, report = call_learner(exercise, learner, (mine, idx.clone(), N_NEW), case, n_cases)
     if report is not None:
         return report
-    if not (isinstance(got, torch.Tensor) and got.shape == tokens.shape
-            and torch.equal(got.long(), tokens)):
-        return CheckReport(exercise, False, n_cases, case,
-                           "your loop's tokens differ from lib.decode.generate's",
-                           "greedy decoding: at each step append argmax(model(idx)[:, -1], dim=-1)")
-    print(f"Your decoder, holding SmolLM2-135M-Instruct's weights, continues {PROMPT!r} "
-          f"greedily:\n  {tokenizer.decode(got[0])!r}")
+    if not (isinstance(got, torch.Tensor) and got.shape == tokens.shape and torch.equal(got.long(), tokens)):
+        return CheckReport(
+            exercise,
+            False,
+            n_cases,
+            case,
+            "your loop's tokens differ from lib.decode.generate's",
+            "greedy decoding: at each step append argmax(model(idx)[:, -1], dim=-1)",
+        )
+    print(
+        f"Your decoder, holding SmolLM2-135M-Instruct's weights, continues {PROMPT!r} "
+        f"greedily:\n  {tokenizer.decode(got[0])!r}"
+    )
     return CheckReport(exercise, True, n_cases)
 
 
@@ -852,15 +996,14 @@ def check_generate(fn) -> CheckReport:
     g = torch.Generator().manual_seed(140)
     cases = []
     for name, seed, idx, n in [
-        ("lib's tiny Llama, B = 2, a 5-token prompt, 8 new tokens", 150,
-         torch.randint(64, (2, 5), generator=g), 8),
-        ("lib's tiny Llama, a 1-token prompt, 6 new tokens", 151,
-         torch.randint(64, (1, 1), generator=g), 6),
+        ("lib's tiny Llama, B = 2, a 5-token prompt, 8 new tokens", 150, torch.randint(64, (2, 5), generator=g), 8),
+        ("lib's tiny Llama, a 1-token prompt, 6 new tokens", 151, torch.randint(64, (1, 1), generator=g), 6),
     ]:
         model = tiny_llama(TINY, seed, std=0.5)
         expected = generate(model, idx, n, temperature=0.0, use_cache=False)
-        cases.append(Case(name, (model, idx.clone(), n), expected, exact=True,
-                          diagnose=_diagnose_loop(model, idx, n, expected)))
+        cases.append(
+            Case(name, (model, idx.clone(), n), expected, exact=True, diagnose=_diagnose_loop(model, idx, n, expected))
+        )
 
     def learner(model, idx, n):
         with torch.no_grad():

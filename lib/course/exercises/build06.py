@@ -49,11 +49,15 @@ MODULE_TOL = dict(rtol=1e-4, atol=1e-5)
 # the wrong versions are recomputed in another order than the learner's: a looser match names them
 NEAR = dict(rtol=1e-4, atol=1e-4)
 # the learner's functions and classes, for a report that an earlier step is still a stub
-STEP_OF = {"my_discretize": "6.1", "my_selective_scan": "6.2", "MySelectiveSSM": "6.3",
-           "MyMambaMixer": "6.4"}
+STEP_OF = {"my_discretize": "6.1", "my_selective_scan": "6.2", "MySelectiveSSM": "6.3", "MyMambaMixer": "6.4"}
 # lib.mamba.MambaMixer's parameter names, and Hugging Face's (the official layout, flat)
-HF_NAME = {"ssm.A_log": "A_log", "ssm.D": "D", "ssm.x_proj.weight": "x_proj.weight",
-           "ssm.dt_proj.weight": "dt_proj.weight", "ssm.dt_proj.bias": "dt_proj.bias"}
+HF_NAME = {
+    "ssm.A_log": "A_log",
+    "ssm.D": "D",
+    "ssm.x_proj.weight": "x_proj.weight",
+    "ssm.dt_proj.weight": "dt_proj.weight",
+    "ssm.dt_proj.bias": "dt_proj.bias",
+}
 
 
 # --------------------------------------------------------------------------- calling, comparing
@@ -81,14 +85,15 @@ def _call(name, fn, args, case, n_cases, owner=None):
     where = raised_in.get("name")
     if report is not None and where not in (None, owner):
         step = f"Step {STEP_OF[where]}'s " if where in STEP_OF else ""
-        report.hint = (f"{step}`{where}`, which this step uses, still raises NotImplementedError: "
-                       "solve it and run its cell first, then this one again")
+        report.hint = (
+            f"{step}`{where}`, which this step uses, still raises NotImplementedError: "
+            "solve it and run its cell first, then this one again"
+        )
     return got, report
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: dict) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), equal_nan=True,
-                                                      **tol))
+    return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), equal_nan=True, **tol))
 
 
 def _as_tuple(x):
@@ -108,40 +113,49 @@ def _first_match(got, variants) -> str | None:
     return None
 
 
-def _compare(exercise, n_cases, case, got, expected, names, *, tol=TOL, shape_hints=None,
-             diagnose=None, default_hint=None) -> CheckReport | None:
+def _compare(
+    exercise, n_cases, case, got, expected, names, *, tol=TOL, shape_hints=None, diagnose=None, default_hint=None
+) -> CheckReport | None:
     """None when `got` (a tensor, or a tuple of them when `names` has several) equals `expected`
     within `tol`; otherwise the report, its hint from `diagnose(got)` when that recognises it."""
+
     def fail(problem, hint=None):
         return CheckReport(exercise, False, n_cases, case, problem, hint)
 
     expected, listed = _as_tuple(expected), ", ".join(names)
     if len(names) > 1 and not (isinstance(got, (tuple, list)) and len(got) == len(names)):
-        return fail(f"returned {type(got).__name__}, expected a tuple ({listed}) of tensors",
-                    f"end with `return {listed}`")
+        return fail(
+            f"returned {type(got).__name__}, expected a tuple ({listed}) of tensors", f"end with `return {listed}`"
+        )
     got_t = _as_tuple(got) if len(names) > 1 else (got,)
     for name, g, e in zip(names, got_t, expected):
         if not isinstance(g, torch.Tensor):
-            return fail(f"{name} is a {type(g).__name__}, expected a torch.Tensor",
-                        f"return {name} alone" if isinstance(g, (tuple, list))
-                        else "did you forget a `return`?")
+            return fail(
+                f"{name} is a {type(g).__name__}, expected a torch.Tensor",
+                f"return {name} alone" if isinstance(g, (tuple, list)) else "did you forget a `return`?",
+            )
         if g.shape != e.shape:
-            return fail(f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}",
-                        (shape_hints or {}).get(name) or (diagnose(got) if diagnose else None))
+            return fail(
+                f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}",
+                (shape_hints or {}).get(name) or (diagnose(got) if diagnose else None),
+            )
         if g.dtype != e.dtype:
-            return fail(f"{name} has dtype {g.dtype}, expected {e.dtype}",
-                        "keep the inputs' dtype (float32)")
+            return fail(f"{name} has dtype {g.dtype}, expected {e.dtype}", "keep the inputs' dtype (float32)")
     wrong = [name for name, g, e in zip(names, got_t, expected) if not _close(g, e, tol)]
     if not wrong:
         return None
     hint = diagnose(got) if diagnose else None
-    nan = [n for n, g, e in zip(names, got_t, expected)
-           if bool(torch.isnan(g).any()) and not bool(torch.isnan(e).any())]
+    nan = [
+        n for n, g, e in zip(names, got_t, expected) if bool(torch.isnan(g).any()) and not bool(torch.isnan(e).any())
+    ]
     if nan:
         problem = f"NaN in {', '.join(nan)}"
     else:
-        worst = max((g.double() - e.double()).abs().nan_to_num(nan=math.inf).max().item()
-                    for n, g, e in zip(names, got_t, expected) if n in wrong)
+        worst = max(
+            (g.double() - e.double()).abs().nan_to_num(nan=math.inf).max().item()
+            for n, g, e in zip(names, got_t, expected)
+            if n in wrong
+        )
         problem = f"wrong {', '.join(wrong)} (largest difference {worst:.3g})"
     return fail(problem, hint or default_hint)
 
@@ -149,17 +163,14 @@ def _compare(exercise, n_cases, case, got, expected, names, *, tol=TOL, shape_hi
 def _inherited(flag: str, mistakes, step: str, compute):
     """Wrong versions from an earlier step, recomputed by `compute(**{flag: keywords})`, each hint
     saying which step to fix."""
-    return [(lambda kw=kw: compute(**{flag: kw}), f"this comes from Step {step}: {hint}")
-            for kw, hint in mistakes]
+    return [(lambda kw=kw: compute(**{flag: kw}), f"this comes from Step {step}: {hint}") for kw, hint in mistakes]
 
 
 # --------------------------------------------------------------------------- references, mistakes
-def _discretize(dt, A_log, B, x, *, softplus=True, A="-exp", zoh=True, use_delta_a=True,
-                delta_in_b=True, x_in_b=True):
+def _discretize(dt, A_log, B, x, *, softplus=True, A="-exp", zoh=True, use_delta_a=True, delta_in_b=True, x_in_b=True):
     """(Ā, B̄x) (B, T, D, N). A: "-exp" (−exp(A_log), right), "A_log", "exp" (the sign lost)."""
     delta = F.softplus(dt) if softplus else dt  # (B, T, D)
-    A_ = {"-exp": lambda: -torch.exp(A_log), "A_log": lambda: A_log,
-          "exp": lambda: torch.exp(A_log)}[A]()  # (D, N)
+    A_ = {"-exp": lambda: -torch.exp(A_log), "A_log": lambda: A_log, "exp": lambda: torch.exp(A_log)}[A]()  # (D, N)
     dA = delta.unsqueeze(-1) * A_ if use_delta_a else A_.expand(*delta.shape, -1)  # (B, T, D, N)
     A_bar = torch.exp(dA) if zoh else 1 + dA
     Bx = B.unsqueeze(-2).expand(*delta.shape, -1)  # (B, T, 1, N) -> (B, T, D, N)
@@ -171,27 +182,20 @@ def _discretize(dt, A_log, B, x, *, softplus=True, A="-exp", zoh=True, use_delta
 
 
 DISCRETIZE_MISTAKES = [  # (keywords for _discretize, what they mean)
-    (dict(softplus=False),
-     "Δ is dt itself: the step size must be positive, Δ = softplus(dt) (F.softplus)"),
-    (dict(A="A_log"),
-     "A = A_log: Mamba stores A as a log, A = -exp(A_log), so that A < 0 and the state decays"),
-    (dict(A="exp"),
-     "A = exp(A_log) lost its sign: A = -exp(A_log) < 0, so that Ā = exp(ΔA) < 1 (a decay)"),
-    (dict(zoh=False),
-     "Ā = 1 + ΔA is the first-order Euler step: the zero-order hold Mamba uses gives "
-     "Ā = exp(ΔA)"),
-    (dict(use_delta_a=False),
-     "Ā = exp(A) forgot the step size: Ā = exp(Δ·A), Δ[..., None] * A"),
-    (dict(delta_in_b=False),
-     "B̄x misses Δ: Mamba's B̄ = Δ·B, so B̄x = Δ·B·x"),
-    (dict(x_in_b=False),
-     "that is B̄ = Δ·B without the input: this step returns B̄x = Δ·B·x, "
-     "(delta * x)[..., None] * B[..., None, :]"),
+    (dict(softplus=False), "Δ is dt itself: the step size must be positive, Δ = softplus(dt) (F.softplus)"),
+    (dict(A="A_log"), "A = A_log: Mamba stores A as a log, A = -exp(A_log), so that A < 0 and the state decays"),
+    (dict(A="exp"), "A = exp(A_log) lost its sign: A = -exp(A_log) < 0, so that Ā = exp(ΔA) < 1 (a decay)"),
+    (dict(zoh=False), "Ā = 1 + ΔA is the first-order Euler step: the zero-order hold Mamba uses gives Ā = exp(ΔA)"),
+    (dict(use_delta_a=False), "Ā = exp(A) forgot the step size: Ā = exp(Δ·A), Δ[..., None] * A"),
+    (dict(delta_in_b=False), "B̄x misses Δ: Mamba's B̄ = Δ·B, so B̄x = Δ·B·x"),
+    (
+        dict(x_in_b=False),
+        "that is B̄ = Δ·B without the input: this step returns B̄x = Δ·B·x, (delta * x)[..., None] * B[..., None, :]",
+    ),
 ]
 
 
-def _scan(x, dt, A_log, B, C, D, *, skip=True, carry=True, order="forward", read="new",
-          disc=None):
+def _scan(x, dt, A_log, B, C, D, *, skip=True, carry=True, order="forward", read="new", disc=None):
     """y (B, T, D) by the recurrence. order: "forward" (right), "reversed" (the loop runs from the
     last position to the first), "output reversed" (right states, outputs stacked backwards);
     read: "new" (y_t from h_t, right), "old" (from h_{t-1})."""
@@ -213,19 +217,22 @@ def _scan(x, dt, A_log, B, C, D, *, skip=True, carry=True, order="forward", read
 
 
 SCAN_MISTAKES = [  # (keywords for _scan, what they mean)
-    (dict(skip=False),
-     "the skip is missing: y_t = C_t · h_t + D ⊙ x_t (D the skip weights, one per channel)"),
-    (dict(carry=False),
-     "the state is not carried from one position to the next: h_t = Ā_t ⊙ h_(t-1) + B̄_t x_t, "
-     "with h the previous step's state (h starts at 0 once, before the loop)"),
-    (dict(order="reversed"),
-     "the scan ran backwards (from the last position to the first): y_t may depend only on "
-     "x_0 .. x_t, so walk t = 0, 1, ..., T - 1"),
-    (dict(order="output reversed"),
-     "the outputs come out in reverse order: stack y_0, y_1, ... in the order of t"),
-    (dict(read="old"),
-     "y_t was read from the previous state: update first, h_t = Ā_t ⊙ h_(t-1) + B̄_t x_t, then "
-     "y_t = C_t · h_t"),
+    (dict(skip=False), "the skip is missing: y_t = C_t · h_t + D ⊙ x_t (D the skip weights, one per channel)"),
+    (
+        dict(carry=False),
+        "the state is not carried from one position to the next: h_t = Ā_t ⊙ h_(t-1) + B̄_t x_t, "
+        "with h the previous step's state (h starts at 0 once, before the loop)",
+    ),
+    (
+        dict(order="reversed"),
+        "the scan ran backwards (from the last position to the first): y_t may depend only on "
+        "x_0 .. x_t, so walk t = 0, 1, ..., T - 1",
+    ),
+    (dict(order="output reversed"), "the outputs come out in reverse order: stack y_0, y_1, ... in the order of t"),
+    (
+        dict(read="old"),
+        "y_t was read from the previous state: update first, h_t = Ā_t ⊙ h_(t-1) + B̄_t x_t, then y_t = C_t · h_t",
+    ),
 ]
 
 
@@ -242,14 +249,17 @@ def _ssm(params, x, *, swap_bc=False, dt_bias=True, softplus_twice=False, scan=N
 
 
 SSM_MISTAKES = [  # (keywords for _ssm, what they mean)
-    (dict(swap_bc=True),
-     "B and C are swapped: x_proj's output splits as [dt (R), B (N), C (N)], in that order"),
-    (dict(dt_bias=False),
-     "dt_proj's bias is missing: dt = self.dt_proj(dt), bias included (lib's own forward passes "
-     "that bias to its scan separately)"),
-    (dict(softplus_twice=True),
-     "softplus was applied twice: your my_discretize already takes softplus(dt), so hand it "
-     "dt_proj's output as it is"),
+    (dict(swap_bc=True), "B and C are swapped: x_proj's output splits as [dt (R), B (N), C (N)], in that order"),
+    (
+        dict(dt_bias=False),
+        "dt_proj's bias is missing: dt = self.dt_proj(dt), bias included (lib's own forward passes "
+        "that bias to its scan separately)",
+    ),
+    (
+        dict(softplus_twice=True),
+        "softplus was applied twice: your my_discretize already takes softplus(dt), so hand it "
+        "dt_proj's output as it is",
+    ),
 ]
 
 
@@ -272,29 +282,30 @@ def _mixer(params, x, *, conv="causal", conv_silu=True, gate="silu", swap_xz=Fal
         xc = F.silu(xc)
     ssm_params = {name[4:]: p for name, p in params.items() if name.startswith("ssm.")}
     y = _ssm(ssm_params, xc, **(ssm or {}))  # (B, T, D)
-    y = {"silu": lambda: y * F.silu(z), "none": lambda: y, "z": lambda: y * z,
-         "silu y": lambda: F.silu(y) * z}[gate]()
+    y = {"silu": lambda: y * F.silu(z), "none": lambda: y, "z": lambda: y * z, "silu y": lambda: F.silu(y) * z}[gate]()
     return y @ params["out_proj.weight"].T
 
 
 MIXER_MISTAKES = [  # (keywords for _mixer, what they mean)
-    (dict(conv="last T"),
-     "the convolution is not causal: with padding K - 1 on both sides keep the FIRST T outputs "
-     "([..., :T]); the last T let position t see x_(t+1) .. x_(t+K-1)"),
-    (dict(conv="same"),
-     "the convolution is not causal: padded on both sides, position t sees later inputs; pad "
-     "K - 1 on the left only (nn.Conv1d(..., padding=K - 1), then keep the first T outputs)"),
-    (dict(conv_silu=False),
-     "SiLU after the convolution is missing: x = silu(conv1d(x)) before the SSM"),
-    (dict(gate="none"),
-     "the gate is missing: the output is out_proj(y ⊙ silu(z)), z the second half of in_proj"),
-    (dict(gate="z"),
-     "the gate lost its SiLU: y ⊙ silu(z), not y ⊙ z"),
-    (dict(gate="silu y"),
-     "SiLU went on the wrong branch: the gate is y ⊙ silu(z), not silu(y) ⊙ z"),
-    (dict(swap_xz=True),
-     "x and z are swapped: in_proj's output splits as (x, z) = chunk(2, dim=-1), x first; the "
-     "convolution and the SSM run on x, z only gates"),
+    (
+        dict(conv="last T"),
+        "the convolution is not causal: with padding K - 1 on both sides keep the FIRST T outputs "
+        "([..., :T]); the last T let position t see x_(t+1) .. x_(t+K-1)",
+    ),
+    (
+        dict(conv="same"),
+        "the convolution is not causal: padded on both sides, position t sees later inputs; pad "
+        "K - 1 on the left only (nn.Conv1d(..., padding=K - 1), then keep the first T outputs)",
+    ),
+    (dict(conv_silu=False), "SiLU after the convolution is missing: x = silu(conv1d(x)) before the SSM"),
+    (dict(gate="none"), "the gate is missing: the output is out_proj(y ⊙ silu(z)), z the second half of in_proj"),
+    (dict(gate="z"), "the gate lost its SiLU: y ⊙ silu(z), not y ⊙ z"),
+    (dict(gate="silu y"), "SiLU went on the wrong branch: the gate is y ⊙ silu(z), not silu(y) ⊙ z"),
+    (
+        dict(swap_xz=True),
+        "x and z are swapped: in_proj's output splits as (x, z) = chunk(2, dim=-1), x first; the "
+        "convolution and the SSM run on x, z only gates",
+    ),
 ]
 
 
@@ -316,8 +327,7 @@ def _scan_inputs(g, b, t_len, d, n, *, dt_shift=0.0, x_shift=0.0):
     Mamba's init log(1..N), a skip that is not all ones."""
     x = _rand(g, b, t_len, d, shift=x_shift)
     dt = _rand(g, b, t_len, d, scale=1.5, shift=dt_shift)
-    A_log = torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d, 1) \
-        + _rand(g, d, n, scale=0.3)
+    A_log = torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d, 1) + _rand(g, d, n, scale=0.3)
     return x, dt, A_log, _rand(g, b, t_len, n), _rand(g, b, t_len, n), _rand(g, d, shift=1.0)
 
 
@@ -328,11 +338,9 @@ def check_discretize(fn) -> CheckReport:
     name = "Step 6.1 (discretisation: from dt and A_log to Ā and B̄x)"
     g = torch.Generator().manual_seed(60)
     specs = [  # (case, B, T, D, N, dt_shift, x_shift)
-        ("2 sequences, T = 5, D = 3 channels, N = 4 states; dt of both signs",
-         2, 5, 3, 4, 0.0, 0.0),
+        ("2 sequences, T = 5, D = 3 channels, N = 4 states; dt of both signs", 2, 5, 3, 4, 0.0, 0.0),
         ("T = 1", 1, 1, 3, 4, 0.0, 0.0),
-        ("very negative dt (Δ = softplus(dt) near 0, Ā near 1) and negative inputs x",
-         2, 4, 5, 2, -4.0, -1.0),
+        ("very negative dt (Δ = softplus(dt) near 0, Ā near 1) and negative inputs x", 2, 4, 5, 2, -4.0, -1.0),
     ]
     for case, b, t_len, d, n, dt_shift, x_shift in specs:
         x, dt, A_log, B, _, _ = _scan_inputs(g, b, t_len, d, n, dt_shift=dt_shift, x_shift=x_shift)
@@ -342,16 +350,24 @@ def check_discretize(fn) -> CheckReport:
             return report
         A_bar, B_bar = discretize(F.softplus(dt), -torch.exp(A_log), B)  # lib's: (B, T, D, N) each
         expected = (A_bar, B_bar * x.unsqueeze(-1))
-        variants = [(lambda kw=kw, args=args: _discretize(*args, **kw), hint)
-                    for kw, hint in DISCRETIZE_MISTAKES]
-        shape = ("one entry per position, channel and state: (B, T, D, N); "
-                 "delta[..., :, None] * A and (delta * x)[..., :, None] * B[..., None, :]")
-        report = _compare(name, len(specs), case, got, expected, ("A_bar", "Bx"),
-                          diagnose=lambda got, variants=variants: _first_match(got, variants),
-                          shape_hints={"A_bar": shape, "Bx": shape},
-                          default_hint="Δ = softplus(dt); A = -exp(A_log); "
-                                       "Ā = exp(Δ[..., None] * A); "
-                                       "B̄x = (Δ * x)[..., None] * B[..., None, :]")
+        variants = [(lambda kw=kw, args=args: _discretize(*args, **kw), hint) for kw, hint in DISCRETIZE_MISTAKES]
+        shape = (
+            "one entry per position, channel and state: (B, T, D, N); "
+            "delta[..., :, None] * A and (delta * x)[..., :, None] * B[..., None, :]"
+        )
+        report = _compare(
+            name,
+            len(specs),
+            case,
+            got,
+            expected,
+            ("A_bar", "Bx"),
+            diagnose=lambda got, variants=variants: _first_match(got, variants),
+            shape_hints={"A_bar": shape, "Bx": shape},
+            default_hint="Δ = softplus(dt); A = -exp(A_log); "
+            "Ā = exp(Δ[..., None] * A); "
+            "B̄x = (Δ * x)[..., None] * B[..., None, :]",
+        )
         if report is not None:
             return report
     return CheckReport(name, True, len(specs))
@@ -380,16 +396,23 @@ def check_selective_scan(fn) -> CheckReport:
         def compute(args=args, **kw):
             return _scan(*args, **kw)
 
-        variants = [(lambda kw=kw, compute=compute: compute(**kw), hint)
-                    for kw, hint in SCAN_MISTAKES]
+        variants = [(lambda kw=kw, compute=compute: compute(**kw), hint) for kw, hint in SCAN_MISTAKES]
         variants += _inherited("disc", DISCRETIZE_MISTAKES, "6.1", compute)
-        report = _compare(name, len(specs), case, got, expected, ("y",),
-                          diagnose=lambda got, variants=variants: _first_match(got, variants),
-                          shape_hints={"y": "one output per position and channel: (B, T, D); "
-                                            "y_t = (h * C[:, t, None, :]).sum(-1) is (B, D), "
-                                            "then torch.stack(ys, dim=1)"},
-                          default_hint="h = 0; for t: h = Ā[:, t] * h + B̄x[:, t]; "
-                                       "y_t = (h * C[:, t, None, :]).sum(-1) + D * x[:, t]")
+        report = _compare(
+            name,
+            len(specs),
+            case,
+            got,
+            expected,
+            ("y",),
+            diagnose=lambda got, variants=variants: _first_match(got, variants),
+            shape_hints={
+                "y": "one output per position and channel: (B, T, D); "
+                "y_t = (h * C[:, t, None, :]).sum(-1) is (B, D), "
+                "then torch.stack(ys, dim=1)"
+            },
+            default_hint="h = 0; for t: h = Ā[:, t] * h + B̄x[:, t]; y_t = (h * C[:, t, None, :]).sum(-1) + D * x[:, t]",
+        )
         if report is not None:
             return report
     return CheckReport(name, True, len(specs))
@@ -419,19 +442,27 @@ def _lib_module(kind, cfg, seed):
 def _build(name, cls, cfg, case, n_cases):
     """(module, None) or (None, report): the learner's class built from a MambaConfig."""
     if isinstance(cls, nn.Module):
-        return None, CheckReport(name, False, n_cases, case,
-                                 f"got a {type(cls).__name__} module, expected its class",
-                                 f"pass the class itself, {type(cls).__name__}, not an instance "
-                                 f"{type(cls).__name__}(cfg): the check builds its own")
+        return None, CheckReport(
+            name,
+            False,
+            n_cases,
+            case,
+            f"got a {type(cls).__name__} module, expected its class",
+            f"pass the class itself, {type(cls).__name__}, not an instance "
+            f"{type(cls).__name__}(cfg): the check builds its own",
+        )
     module, report = _call(name, cls, (cfg,), case, n_cases)
     if report is not None:
         return None, report
     if not isinstance(module, nn.Module):
-        return None, CheckReport(name, False, n_cases, case,
-                                 f"{getattr(cls, '__name__', 'it')}(cfg) gave a "
-                                 f"{type(module).__name__}, expected an nn.Module",
-                                 "define a class that subclasses nn.Module and call "
-                                 "super().__init__() first")
+        return None, CheckReport(
+            name,
+            False,
+            n_cases,
+            case,
+            f"{getattr(cls, '__name__', 'it')}(cfg) gave a {type(module).__name__}, expected an nn.Module",
+            "define a class that subclasses nn.Module and call super().__init__() first",
+        )
     return module, None
 
 
@@ -442,31 +473,36 @@ def _names_report(name, module, reference: nn.Module, case, n_cases, *, nested_h
     have = {n: tuple(t.shape) for n, t in module.state_dict().items()}
     if want.keys() != have.keys():
         missing, extra = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
-        problem = (f"parameter names differ from lib's {type(reference).__name__}: expected "
-                   f"{sorted(want)}" + (f"; missing {missing}" if missing else "")
-                   + (f"; not expected {extra}" if extra else ""))
+        problem = (
+            f"parameter names differ from lib's {type(reference).__name__}: expected "
+            f"{sorted(want)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; not expected {extra}" if extra else "")
+        )
         hint = "name the parts exactly as lib does, so that weights load by name"
         flat = {n.split(".", 1)[1] for n in want if n.startswith("ssm.")}
         if nested_hint and flat and flat <= set(have):
             hint = nested_hint
         elif any(n.endswith(".bias") for n in extra):
-            hint = ("a bias that lib's module does not have: x_proj has none (bias=False), and "
-                    "in_proj and out_proj take bias=config.bias")
+            hint = (
+                "a bias that lib's module does not have: x_proj has none (bias=False), and "
+                "in_proj and out_proj take bias=config.bias"
+            )
         elif any(n.endswith(".bias") for n in missing):
-            hint = ("a bias is missing: dt_proj has one (bias=True), and conv1d takes "
-                    "bias=config.conv_bias")
+            hint = "a bias is missing: dt_proj has one (bias=True), and conv1d takes bias=config.conv_bias"
         return CheckReport(name, False, n_cases, case, problem, hint)
     wrong = {n: (have[n], s) for n, s in want.items() if have[n] != s}
     if wrong:
         n0, (got_s, want_s) = next(iter(wrong.items()))
-        hints = {"conv1d.weight": "a depthwise convolution: nn.Conv1d(D, D, kernel_size=K, "
-                                  "groups=D, padding=K - 1), weight (D, 1, K)",
-                 "A_log": "A_log is (D, N): one row of N state entries per channel",
-                 "x_proj.weight": "x_proj maps D channels to R + 2N: dt, B and C",
-                 "in_proj.weight": "in_proj maps C to 2·D: x and the gate z"}
+        hints = {
+            "conv1d.weight": "a depthwise convolution: nn.Conv1d(D, D, kernel_size=K, "
+            "groups=D, padding=K - 1), weight (D, 1, K)",
+            "A_log": "A_log is (D, N): one row of N state entries per channel",
+            "x_proj.weight": "x_proj maps D channels to R + 2N: dt, B and C",
+            "in_proj.weight": "in_proj maps C to 2·D: x and the gate z",
+        }
         hint = next((h for key, h in hints.items() if n0.endswith(key)), None)
-        return CheckReport(name, False, n_cases, case,
-                           f"{n0} has shape {got_s}, expected {want_s} (as lib's)", hint)
+        return CheckReport(name, False, n_cases, case, f"{n0} has shape {got_s}, expected {want_s} (as lib's)", hint)
     return None
 
 
@@ -477,15 +513,17 @@ def _load(name, module, reference: nn.Module, case, n_cases) -> CheckReport | No
         with torch.no_grad():
             module.load_state_dict(reference.state_dict())
     except Exception as err:  # the learner's module, reported as text
-        hint = ("register the parameters as lib does: nn.Linear, nn.Conv1d and nn.Parameter "
-                "attributes")
+        hint = "register the parameters as lib does: nn.Linear, nn.Conv1d and nn.Parameter attributes"
         shared = [n for n, p in module.named_parameters() if 0 in p.stride() and p.numel() > 1]
         if shared:
-            hint = (f"{shared[0]} is an expanded tensor: its rows share one memory, so nothing "
-                    "can be written into it (nor can training update its rows apart); build it "
-                    "with .repeat(D, 1), or add .clone() after .expand(...)")
-        return CheckReport(name, False, n_cases, case, f"loading lib's weights into yours raised "
-                           f"{type(err).__name__}: {err}", hint)
+            hint = (
+                f"{shared[0]} is an expanded tensor: its rows share one memory, so nothing "
+                "can be written into it (nor can training update its rows apart); build it "
+                "with .repeat(D, 1), or add .clone() after .expand(...)"
+            )
+        return CheckReport(
+            name, False, n_cases, case, f"loading lib's weights into yours raised {type(err).__name__}: {err}", hint
+        )
     return None
 
 
@@ -506,19 +544,28 @@ def _dt_init_report(name, bias, cfg: MambaConfig, case, n_cases) -> CheckReport 
     # fp32: softplus of an inverse softplus returns Δ to ~1e-7 relative; 1e-3 leaves room
     if bool(((delta >= lo * (1 - 1e-3)) & (delta <= hi * (1 + 1e-3))).all()):
         return None
-    recipe = (f"draw dt log-uniform in [cfg.dt_min, cfg.dt_max] = [{cfg.dt_min}, {cfg.dt_max}] "
-              "(torch.exp of a uniform between their logs), floor it at cfg.dt_init_floor, and "
-              "set the bias to softplus⁻¹(dt) = dt + torch.log(-torch.expm1(-dt)) under "
-              "torch.no_grad()")
+    recipe = (
+        f"draw dt log-uniform in [cfg.dt_min, cfg.dt_max] = [{cfg.dt_min}, {cfg.dt_max}] "
+        "(torch.exp of a uniform between their logs), floor it at cfg.dt_init_floor, and "
+        "set the bias to softplus⁻¹(dt) = dt + torch.log(-torch.expm1(-dt)) under "
+        "torch.no_grad()"
+    )
     if bool(((bias >= lo * (1 - 1e-3)) & (bias <= hi * (1 + 1e-3))).all()):
-        hint = ("the bias holds Δ itself, but the forward takes softplus of it: store the "
-                "inverse softplus, bias = dt + torch.log(-torch.expm1(-dt))")
+        hint = (
+            "the bias holds Δ itself, but the forward takes softplus of it: store the "
+            "inverse softplus, bias = dt + torch.log(-torch.expm1(-dt))"
+        )
     else:
         hint = f"give dt_proj's bias Mamba's Δ initialisation: {recipe}"
-    return CheckReport(name, False, n_cases, case,
-                       f"Δ = softplus(dt_proj.bias) starts between {delta.min().item():.3g} and "
-                       f"{delta.max().item():.3g}, outside Mamba's initial range [{lo:g}, {hi:g}]",
-                       hint)
+    return CheckReport(
+        name,
+        False,
+        n_cases,
+        case,
+        f"Δ = softplus(dt_proj.bias) starts between {delta.min().item():.3g} and "
+        f"{delta.max().item():.3g}, outside Mamba's initial range [{lo:g}, {hi:g}]",
+        hint,
+    )
 
 
 # --------------------------------------------------------------------------- 6.3 the selective SSM
@@ -529,8 +576,7 @@ def check_selective_ssm(cls) -> CheckReport:
     (B, T, D), equal to lib.mamba.SelectiveSSM's."""
     name = "Step 6.3 (the selective SSM module)"
     cfg = config()
-    specs = [("2 sequences, T = 7, negative inputs", (2, 7), -0.5), ("T = 1", (1, 1), 0.0),
-             ("T = 12", (2, 12), 0.0)]
+    specs = [("2 sequences, T = 7, negative inputs", (2, 7), -0.5), ("T = 1", (1, 1), 0.0), ("T = 12", (2, 12), 0.0)]
     n = len(specs) + 1
     case = "MySelectiveSSM(cfg): parameters and their initial values"
     module, report = _build(name, cls, cfg, case, n)
@@ -545,13 +591,17 @@ def check_selective_ssm(cls) -> CheckReport:
     if not _close(start["A_log"], init_a, TOL):
         hint = "A_log[d, n] = log(n + 1): torch.log(torch.arange(1, N + 1)).repeat(D, 1)"
         if _close(start["A_log"], init_a.exp(), TOL) or _close(start["A_log"], -init_a.exp(), TOL):
-            hint = ("A_log holds the log: A_log = log(1..N) per channel, and the forward takes "
-                    "A = -exp(A_log)")
-        return CheckReport(name, False, n, case, "A_log does not start at Mamba's S4D-real init",
-                           hint)
+            hint = "A_log holds the log: A_log = log(1..N) per channel, and the forward takes A = -exp(A_log)"
+        return CheckReport(name, False, n, case, "A_log does not start at Mamba's S4D-real init", hint)
     if not _close(start["D"], torch.ones(cfg.d_inner), TOL):
-        return CheckReport(name, False, n, case, "D does not start at 1",
-                           "the skip starts as the identity: nn.Parameter(torch.ones(D))")
+        return CheckReport(
+            name,
+            False,
+            n,
+            case,
+            "D does not start at 1",
+            "the skip starts as the identity: nn.Parameter(torch.ones(D))",
+        )
     report = _dt_init_report(name, start["dt_proj.bias"], cfg, case, n)
     if report is not None:
         return report
@@ -572,17 +622,23 @@ def check_selective_ssm(cls) -> CheckReport:
             def compute(x=x, **kw):
                 return _ssm(params, x, **kw)
 
-            variants = [(lambda kw=kw, compute=compute: compute(**kw), hint)
-                        for kw, hint in SSM_MISTAKES]
+            variants = [(lambda kw=kw, compute=compute: compute(**kw), hint) for kw, hint in SSM_MISTAKES]
             variants += _inherited("scan", SCAN_MISTAKES, "6.2", compute)
-            variants += _inherited("scan", [(dict(disc=kw), h) for kw, h in DISCRETIZE_MISTAKES],
-                                   "6.1", compute)
-            report = _compare(name, n, case, got, expected, ("y",), tol=MODULE_TOL,
-                              diagnose=lambda got, variants=variants: _first_match(got, variants),
-                              shape_hints={"y": "y has x's shape (B, T, D)"},
-                              default_hint="dt, B, C = self.x_proj(x).split([R, N, N], dim=-1); "
-                                           "y = my_selective_scan(x, self.dt_proj(dt), "
-                                           "self.A_log, B, C, self.D)")
+            variants += _inherited("scan", [(dict(disc=kw), h) for kw, h in DISCRETIZE_MISTAKES], "6.1", compute)
+            report = _compare(
+                name,
+                n,
+                case,
+                got,
+                expected,
+                ("y",),
+                tol=MODULE_TOL,
+                diagnose=lambda got, variants=variants: _first_match(got, variants),
+                shape_hints={"y": "y has x's shape (B, T, D)"},
+                default_hint="dt, B, C = self.x_proj(x).split([R, N, N], dim=-1); "
+                "y = my_selective_scan(x, self.dt_proj(dt), "
+                "self.A_log, B, C, self.D)",
+            )
         if report is not None:
             return report
     return CheckReport(name, True, n)
@@ -602,11 +658,18 @@ def _hf_mixer(cfg: MambaConfig, seed: int):
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its "falling back to the PyTorch path" notices
     try:
-        hf_config = HFMambaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-                                  state_size=cfg.d_state, conv_kernel=cfg.d_conv,
-                                  expand=cfg.expand, time_step_rank=cfg.dt_rank,
-                                  use_bias=cfg.bias, use_conv_bias=cfg.conv_bias,
-                                  num_hidden_layers=1, use_mambapy=False)
+        hf_config = HFMambaConfig(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.d_model,
+            state_size=cfg.d_state,
+            conv_kernel=cfg.d_conv,
+            expand=cfg.expand,
+            time_step_rank=cfg.dt_rank,
+            use_bias=cfg.bias,
+            use_conv_bias=cfg.conv_bias,
+            num_hidden_layers=1,
+            use_mambapy=False,
+        )
         torch.manual_seed(seed)
         hf = HFMambaMixer(hf_config, layer_idx=0).eval()
     finally:
@@ -637,10 +700,12 @@ def check_mamba_mixer(cls) -> CheckReport:
     weights."""
     name = "Step 6.4 (the Mamba mixer)"
     cfg = config()
-    specs = [("2 sequences, T = 7, negative inputs", (2, 7), -0.5),
-             ("T = 1: the convolution sees one real input", (1, 1), 0.0),
-             (f"T = 3, shorter than the convolution (K = {cfg.d_conv})", (2, 3), 0.0),
-             ("T = 12", (1, 12), 0.0)]
+    specs = [
+        ("2 sequences, T = 7, negative inputs", (2, 7), -0.5),
+        ("T = 1: the convolution sees one real input", (1, 1), 0.0),
+        (f"T = 3, shorter than the convolution (K = {cfg.d_conv})", (2, 3), 0.0),
+        ("T = 12", (1, 12), 0.0),
+    ]
     n = len(specs) + 1
     owner = getattr(cls, "__name__", None)
     case = "MyMambaMixer(cfg): parameter names and shapes, as lib's MambaMixer"
@@ -648,16 +713,23 @@ def check_mamba_mixer(cls) -> CheckReport:
     if report is not None:
         return report
     reference = _lib_module(MambaMixer, cfg, 1)
-    report = _names_report(name, module, reference, case, n,
-                           nested_hint="x_proj, dt_proj, A_log and D belong to the SSM: build "
-                                       "it as self.ssm = MySelectiveSSM(cfg) (Step 6.3), as "
-                                       "lib's MambaMixer does, so that their names start with "
-                                       "`ssm.`")
+    report = _names_report(
+        name,
+        module,
+        reference,
+        case,
+        n,
+        nested_hint="x_proj, dt_proj, A_log and D belong to the SSM: build "
+        "it as self.ssm = MySelectiveSSM(cfg) (Step 6.3), as "
+        "lib's MambaMixer does, so that their names start with "
+        "`ssm.`",
+    )
     if report is not None:
         return report
     # track 08 trains this mixer: Δ must start where Mamba's does (Step 6.3's initialisation)
-    report = _dt_init_report(name, module.state_dict()["ssm.dt_proj.bias"], cfg,
-                             "MyMambaMixer(cfg): its SSM's initial Δ", n)
+    report = _dt_init_report(
+        name, module.state_dict()["ssm.dt_proj.bias"], cfg, "MyMambaMixer(cfg): its SSM's initial Δ", n
+    )
     if report is not None:
         report.hint = f"this comes from Step 6.3: {report.hint}"
         return report
@@ -673,11 +745,11 @@ def check_mamba_mixer(cls) -> CheckReport:
             return report
     hf = _hf_mixer(cfg, 2)
     if hf is None:
-        return CheckReport(f"{name} (transformers is not installed: its case was skipped)", True,
-                           len(specs))
+        return CheckReport(f"{name} (transformers is not installed: its case was skipped)", True, len(specs))
     hf, ours = hf
-    case = ("Hugging Face transformers' MambaMixer (its PyTorch path), its random weights loaded "
-            "into yours by name, T = 9")
+    case = (
+        "Hugging Face transformers' MambaMixer (its PyTorch path), its random weights loaded into yours by name, T = 9"
+    )
     report = _load(name, module, ours, case, n)
     if report is not None:
         return report
@@ -699,11 +771,12 @@ def _mixer_case(name, module, owner, case, x, reference, expected, tol, n_cases)
         b, t_len, c = x.shape
         k = reference.conv1d.weight.shape[-1]
         if report is not None:
-            if report.problem.startswith("your function raised") and k > 1 \
-                    and f"({t_len + k - 1})" in report.problem:
-                report.hint = (f"a tensor of {t_len + k - 1} positions met one of T = {t_len}: "
-                               "nn.Conv1d with padding K - 1 pads both sides and returns T + K - 1 "
-                               "outputs; keep the first T, conv1d(x)[..., :T]")
+            if report.problem.startswith("your function raised") and k > 1 and f"({t_len + k - 1})" in report.problem:
+                report.hint = (
+                    f"a tensor of {t_len + k - 1} positions met one of T = {t_len}: "
+                    "nn.Conv1d with padding K - 1 pads both sides and returns T + K - 1 "
+                    "outputs; keep the first T, conv1d(x)[..., :T]"
+                )
             return report
         params = {key: t.detach() for key, t in reference.state_dict().items()}
         expected = reference(x) if expected is None else expected
@@ -713,21 +786,30 @@ def _mixer_case(name, module, owner, case, x, reference, expected, tol, n_cases)
 
         variants = [(lambda kw=kw: compute(**kw), hint) for kw, hint in MIXER_MISTAKES]
         variants += _inherited("ssm", SSM_MISTAKES, "6.3", compute)
-        variants += _inherited("ssm", [(dict(scan=kw), h) for kw, h in SCAN_MISTAKES], "6.2",
-                               compute)
-        variants += _inherited("ssm", [(dict(scan=dict(disc=kw)), h)
-                                       for kw, h in DISCRETIZE_MISTAKES], "6.1", compute)
+        variants += _inherited("ssm", [(dict(scan=kw), h) for kw, h in SCAN_MISTAKES], "6.2", compute)
+        variants += _inherited("ssm", [(dict(scan=dict(disc=kw)), h) for kw, h in DISCRETIZE_MISTAKES], "6.1", compute)
 
         def diagnose(got):
             if isinstance(got, torch.Tensor) and got.shape == (b, t_len + k - 1, c):
-                return (f"{t_len + k - 1} positions came out for T = {t_len}: nn.Conv1d with "
-                        "padding K - 1 pads both sides and returns T + K - 1 outputs; keep the "
-                        "first T, conv1d(x)[..., :T]")
+                return (
+                    f"{t_len + k - 1} positions came out for T = {t_len}: nn.Conv1d with "
+                    "padding K - 1 pads both sides and returns T + K - 1 outputs; keep the "
+                    "first T, conv1d(x)[..., :T]"
+                )
             if isinstance(got, torch.Tensor) and got.shape == (b, c, t_len) and c != t_len:
                 return "conv1d works on (B, D, T): transpose back to (B, T, D) after it"
             return _first_match(got, variants)
 
-        return _compare(name, n_cases, case, got, expected, ("output",), tol=tol,
-                        diagnose=diagnose, shape_hints={},
-                        default_hint="x, z = in_proj(x).chunk(2, -1); x = silu(causal conv1d(x)); "
-                                     "y = self.ssm(x) * silu(z); return out_proj(y)")
+        return _compare(
+            name,
+            n_cases,
+            case,
+            got,
+            expected,
+            ("output",),
+            tol=tol,
+            diagnose=diagnose,
+            shape_hints={},
+            default_hint="x, z = in_proj(x).chunk(2, -1); x = silu(causal conv1d(x)); "
+            "y = self.ssm(x) * silu(z); return out_proj(y)",
+        )

@@ -27,8 +27,10 @@ from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
 
 __all__ = ["RestoreMissingCells", "MISSING_NOTE", "grade_id", "sanitize_preprocessors"]
 
-MISSING_NOTE = ("*This cell ({grade_id}) was missing from the submission; it was put back from "
-                "the released assignment for grading.*")
+MISSING_NOTE = (
+    "*This cell ({grade_id}) was missing from the submission; it was put back from "
+    "the released assignment for grading.*"
+)
 
 
 def grade_id(cell) -> str | None:
@@ -50,16 +52,22 @@ class RestoreMissingCells(NbGraderPreprocessor):
         if not path.exists():
             raise FileNotFoundError(
                 f"{path}: the released assignment, which RestoreMissingCells compares each "
-                "submission with; run `nbgrader generate_assignment` first")
+                "submission with; run `nbgrader generate_assignment` first"
+            )
         released = nbformat.read(path, as_version=nbformat.NO_CONVERT)
         present = {grade_id(c) for c in nb.cells} - {None}
         missing = [grade_id(c) for c in released.cells if grade_id(c) and grade_id(c) not in present]
         if not missing:
             return nb, resources
         info = resources["nbgrader"]
-        self.log.warning("%s's %s (%s) lacks %d cell(s), put back as released: %s",
-                         info["student"], info["notebook"], info["assignment"], len(missing),
-                         ", ".join(missing))
+        self.log.warning(
+            "%s's %s (%s) lacks %d cell(s), put back as released: %s",
+            info["student"],
+            info["notebook"],
+            info["assignment"],
+            len(missing),
+            ", ".join(missing),
+        )
         cells, after = list(nb.cells), -1  # after: where the previous released cell now sits
         for cell in released.cells:
             name = grade_id(cell)
@@ -72,7 +80,7 @@ class RestoreMissingCells(NbGraderPreprocessor):
             if restored.cell_type == "code":
                 restored.outputs, restored.execution_count = [], None
             note = nbformat.v4.new_markdown_cell(MISSING_NOTE.format(grade_id=name))
-            cells[after + 1:after + 1] = [note, restored]
+            cells[after + 1 : after + 1] = [note, restored]
             after += 2
         nb.cells = cells
         return nb, resources
@@ -82,7 +90,9 @@ def sanitize_preprocessors() -> list[type]:
     """nbgrader's autograde sanitizing steps with RestoreMissingCells before OverwriteCells."""
     steps = list(Autograde.class_traits()["sanitize_preprocessors"].default())
     if OverwriteCells not in steps:
-        raise RuntimeError(f"nbgrader's Autograde.sanitize_preprocessors {steps} has no "
-                           "OverwriteCells to put RestoreMissingCells before: check the version")
+        raise RuntimeError(
+            f"nbgrader's Autograde.sanitize_preprocessors {steps} has no "
+            "OverwriteCells to put RestoreMissingCells before: check the version"
+        )
     steps.insert(steps.index(OverwriteCells), RestoreMissingCells)
     return steps

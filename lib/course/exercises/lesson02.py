@@ -1,11 +1,11 @@
 """Checks for lesson 02, "BERT".
 
-    check_padding_mask(fn)  fn(attention_mask) -> (B, 1, 1, T) additive mask, equal to
-                            lib.masks.padding_mask
-    check_mlm_corrupt(fn)   fn(input_ids, mask_token_id, vocab_size, special_token_ids, generator)
-                            -> (corrupted, labels) following BERT's 15% / 80-10-10 rule
-    check_mean_pool(fn)     fn(hidden (B, T, C), attention_mask (B, T)) -> (B, C), the mean of the real
-                            tokens' states, equal to lib.bert.mean_pool(..., normalize=False)
+check_padding_mask(fn)  fn(attention_mask) -> (B, 1, 1, T) additive mask, equal to
+                        lib.masks.padding_mask
+check_mlm_corrupt(fn)   fn(input_ids, mask_token_id, vocab_size, special_token_ids, generator)
+                        -> (corrupted, labels) following BERT's 15% / 80-10-10 rule
+check_mean_pool(fn)     fn(hidden (B, T, C), attention_mask (B, T)) -> (B, C), the mean of the real
+                        tokens' states, equal to lib.bert.mean_pool(..., normalize=False)
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ def check_mlm_corrupt(fn) -> CheckReport:
     original = ids.clone()
     case = "a batch of 614,400 tokens with [CLS], [SEP] and padding"
     n_checks = 9
-    out, report = call_learner(name, fn, (ids, _MASK, _VOCAB, list(_SPECIAL), torch.Generator().manual_seed(1)), case,
-                               n_checks)
+    out, report = call_learner(
+        name, fn, (ids, _MASK, _VOCAB, list(_SPECIAL), torch.Generator().manual_seed(1)), case, n_checks
+    )
     if report is not None:
         return report
 
@@ -116,62 +117,89 @@ def check_mlm_corrupt(fn) -> CheckReport:
         return fail(f"returned {type(out).__name__}, expected a tuple (corrupted_ids, labels)")
     corrupted, labels = out
     if corrupted.shape != ids.shape or labels.shape != ids.shape:
-        return fail(f"returned shapes {tuple(corrupted.shape)} and {tuple(labels.shape)}, expected {tuple(ids.shape)} for both")
+        return fail(
+            f"returned shapes {tuple(corrupted.shape)} and {tuple(labels.shape)}, expected {tuple(ids.shape)} for both"
+        )
     if not torch.equal(ids, original):
         return fail("the input_ids passed in were modified", "work on a copy: corrupted = input_ids.clone()")
     special = torch.isin(ids, torch.tensor(_SPECIAL))
     selected = labels != -100
     if not selected.any():
-        return fail("no label differs from -100: nothing was selected", "select each non-special token with probability 0.15")
+        return fail(
+            "no label differs from -100: nothing was selected", "select each non-special token with probability 0.15"
+        )
     if bool((selected & special).any()) or not torch.equal(corrupted[special], ids[special]):
-        return fail("a special token ([CLS], [SEP], [PAD]) was selected or changed",
-                    "only positions whose id is not in special_token_ids may be selected")
+        return fail(
+            "a special token ([CLS], [SEP], [PAD]) was selected or changed",
+            "only positions whose id is not in special_token_ids may be selected",
+        )
     if not torch.equal(labels[selected], ids[selected]):
-        return fail("labels at selected positions must be the original token ids", "labels = where(selected, input_ids, -100)")
+        return fail(
+            "labels at selected positions must be the original token ids", "labels = where(selected, input_ids, -100)"
+        )
     if not torch.equal(corrupted[~selected], ids[~selected]):
-        return fail("a token that was not selected changed (or its label is -100 although it changed)",
-                    "change only selected positions, and give every selected position its label")
+        return fail(
+            "a token that was not selected changed (or its label is -100 although it changed)",
+            "change only selected positions, and give every selected position its label",
+        )
     share = selected.sum().item() / (~special).sum().item()
     if abs(share - 0.15) > _TOL_SELECT:
-        return fail(f"{share:.2%} of the non-special tokens were selected, expected 15%",
-                    "select with torch.rand(shape, generator=generator) < 0.15, excluding special tokens")
+        return fail(
+            f"{share:.2%} of the non-special tokens were selected, expected 15%",
+            "select with torch.rand(shape, generator=generator) < 0.15, excluding special tokens",
+        )
     per_position = (~special).sum(0).double()  # (T,): how many non-special tokens each position holds
     at = per_position > 0
-    if _chi2_too_large(selected.sum(0).double()[at], 0.15 * per_position[at], 0.15 * 0.85 * per_position[at]) \
-            or _lagged_pattern(selected.flatten(), (~special).flatten()):
-        return fail("the share selected differs from position to position, far beyond chance",
-                    "draw one independent number per token: torch.rand(input_ids.shape, generator=generator) < 0.15, "
-                    "not a pattern over positions")
+    if _chi2_too_large(
+        selected.sum(0).double()[at], 0.15 * per_position[at], 0.15 * 0.85 * per_position[at]
+    ) or _lagged_pattern(selected.flatten(), (~special).flatten()):
+        return fail(
+            "the share selected differs from position to position, far beyond chance",
+            "draw one independent number per token: torch.rand(input_ids.shape, generator=generator) < 0.15, "
+            "not a pattern over positions",
+        )
     n = selected.sum().item()
     masked = (selected & (corrupted == _MASK)).sum().item() / n
     unchanged = (selected & (corrupted == ids)).sum().item() / n
     randomised = 1 - masked - unchanged
     if max(abs(masked - 0.8), abs(randomised - 0.1), abs(unchanged - 0.1)) > _TOL_SHARE:
-        return fail(f"of the selected tokens {masked:.1%} became [MASK], {randomised:.1%} random, {unchanged:.1%} unchanged; "
-                    "expected 80% / 10% / 10%",
-                    "draw one number per selected token: below 0.8 -> [MASK], 0.8 to 0.9 -> a random id, else keep it")
+        return fail(
+            f"of the selected tokens {masked:.1%} became [MASK], {randomised:.1%} random, {unchanged:.1%} unchanged; "
+            "expected 80% / 10% / 10%",
+            "draw one number per selected token: below 0.8 -> [MASK], 0.8 to 0.9 -> a random id, else keep it",
+        )
     replaced = corrupted[selected & (corrupted != _MASK) & (corrupted != ids)]  # the random replacements
     if bool(torch.isin(replaced, torch.tensor(_SPECIAL)).any()):
-        return fail("a random replacement is a special token ([PAD], [CLS], [SEP] or [MASK])",
-                    "draw random ids from the non-special vocabulary only, as lib.bert.mlm_corrupt does")
+        return fail(
+            "a random replacement is a special token ([PAD], [CLS], [SEP] or [MASK])",
+            "draw random ids from the non-special vocabulary only, as lib.bert.mlm_corrupt does",
+        )
     allowed = torch.ones(_VOCAB, dtype=torch.bool)
     allowed[list(_SPECIAL)] = False
     rank = torch.cumsum(allowed, 0) - 1  # each non-special id's place among them
     n_ids = int(allowed.sum())
     bucket = torch.div(rank[replaced] * _BUCKETS, n_ids, rounding_mode="floor")
     counts = torch.bincount(bucket, minlength=_BUCKETS).double()
-    size = torch.bincount(torch.div(torch.arange(n_ids) * _BUCKETS, n_ids, rounding_mode="floor"),
-                          minlength=_BUCKETS).double() / n_ids  # each range's share of the ids
+    size = (
+        torch.bincount(
+            torch.div(torch.arange(n_ids) * _BUCKETS, n_ids, rounding_mode="floor"), minlength=_BUCKETS
+        ).double()
+        / n_ids
+    )  # each range's share of the ids
     if _chi2_too_large(counts, size * len(replaced), size * len(replaced)):
-        return fail("the random replacements are not spread evenly over the vocabulary",
-                    "draw each random id independently and uniformly from the non-special ids, e.g. "
-                    "candidates[torch.randint(len(candidates), shape, generator=generator)]")
+        return fail(
+            "the random replacements are not spread evenly over the vocabulary",
+            "draw each random id independently and uniformly from the non-special ids, e.g. "
+            "candidates[torch.randint(len(candidates), shape, generator=generator)]",
+        )
     again = fn(ids, _MASK, _VOCAB, list(_SPECIAL), torch.Generator().manual_seed(1))
     other = fn(ids, _MASK, _VOCAB, list(_SPECIAL), torch.Generator().manual_seed(2))
     if not (torch.equal(again[0], corrupted) and torch.equal(again[1], labels)) or torch.equal(other[1], labels):
-        return fail("the result does not follow the generator: the same seed must give the same corruption, "
-                    "another seed another one",
-                    "pass generator=generator to every torch.rand / torch.randint call (not the global random state)")
+        return fail(
+            "the result does not follow the generator: the same seed must give the same corruption, "
+            "another seed another one",
+            "pass generator=generator to every torch.rand / torch.randint call (not the global random state)",
+        )
     return CheckReport(name, True, n_checks)
 
 
@@ -189,14 +217,20 @@ def _diagnose_pool(hidden: torch.Tensor, keep: torch.Tensor):
             return None
         near = lambda x: bool(torch.allclose(got, x, rtol=1e-4, atol=1e-4))  # noqa: E731
         if near(hidden.mean(1)):
-            return ("the padding positions were averaged in: their states are not zero, so weight each position "
-                    "by attention_mask before summing, and count only the real tokens")
+            return (
+                "the padding positions were averaged in: their states are not zero, so weight each position "
+                "by attention_mask before summing, and count only the real tokens"
+            )
         if near(summed / T):
-            return ("the sum is right but it was divided by T, the padded length: divide by each sequence's number "
-                    "of real tokens, attention_mask.sum(1)")
+            return (
+                "the sum is right but it was divided by T, the padded length: divide by each sequence's number "
+                "of real tokens, attention_mask.sum(1)"
+            )
         if near(torch.nn.functional.normalize(expected, dim=-1)):
-            return ("that is L2-normalised: lib.bert.mean_pool does that afterwards (normalize=True), but this "
-                    "exercise asks for the plain mean")
+            return (
+                "that is L2-normalised: lib.bert.mean_pool does that afterwards (normalize=True), but this "
+                "exercise asks for the plain mean"
+            )
         if near(hidden[:, 0]):
             return "that is the first token's ([CLS]) vector: mean pooling averages every real token"
         return None
@@ -213,13 +247,24 @@ def check_mean_pool(fn) -> CheckReport:
         ("one sequence of 3 tokens, no padding", torch.tensor([[1, 1, 1]]), 4),
         ("T = 1", torch.tensor([[1], [1]]), 3),
         ("right padding", torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]), 8),
-        ("padding on both sides, a sequence with a single real token",
-         torch.tensor([[0, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]]), 6),
+        (
+            "padding on both sides, a sequence with a single real token",
+            torch.tensor([[0, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]]),
+            6,
+        ),
     ]:
         B, T = keep.shape
         hidden = torch.randn(B, T, C, generator=g) + 1.0
         hidden[keep == 0] = 20.0 + 5 * torch.randn(int((keep == 0).sum()), C, generator=g)  # padding is not zero
         # fp32, at most 5 terms of size ~1 summed in any order: agreement to ~1e-7
-        cases.append(Case(name, (hidden, keep), mean_pool(hidden, keep, normalize=False), atol=1e-5, rtol=1e-5,
-                          diagnose=_diagnose_pool(hidden, keep)))
+        cases.append(
+            Case(
+                name,
+                (hidden, keep),
+                mean_pool(hidden, keep, normalize=False),
+                atol=1e-5,
+                rtol=1e-5,
+                diagnose=_diagnose_pool(hidden, keep),
+            )
+        )
     return run_checks("Exercise 2.3 (mean pooling that ignores padding)", fn, cases)

@@ -1,14 +1,14 @@
 """Checks for lesson 03, "GPT".
 
-    check_clm_loss(fn)       fn(logits (B, T, V), idx (B, T)) -> scalar next-token loss, equal to
-                             lib.gpt.clm_loss
-    check_top_p_filter(fn)   fn(logits (B, V), p) -> logits with the tokens outside the nucleus
-                             set to -inf, equal to lib.sampling.top_p_filter
-    check_rope(fn)           fn(x (B, H, T, D), positions (T,)) -> x rotated by RoPE (rotate-half
-                             pairing, base 10000), equal to lib.rope.apply_rope_ref
-    check_repetition_penalty(fn)
-                             fn(logits (B, V), input_ids (B, T), penalty) -> (B, V): CTRL's penalty on
-                             every token already in row b's context (Keskar et al. 2019, §4.1)
+check_clm_loss(fn)       fn(logits (B, T, V), idx (B, T)) -> scalar next-token loss, equal to
+                         lib.gpt.clm_loss
+check_top_p_filter(fn)   fn(logits (B, V), p) -> logits with the tokens outside the nucleus
+                         set to -inf, equal to lib.sampling.top_p_filter
+check_rope(fn)           fn(x (B, H, T, D), positions (T,)) -> x rotated by RoPE (rotate-half
+                         pairing, base 10000), equal to lib.rope.apply_rope_ref
+check_repetition_penalty(fn)
+                         fn(logits (B, V), input_ids (B, T), penalty) -> (B, V): CTRL's penalty on
+                         every token already in row b's context (Keskar et al. 2019, §4.1)
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ __all__ = ["check_clm_loss", "check_repetition_penalty", "check_rope", "check_to
 def _loss_cases() -> list[Case]:
     g = torch.Generator().manual_seed(0)
     cases = []
-    for name, (B, T, V) in [("two tokens, the shortest sequence with a next token", (1, 2, 5)),
-                            ("a batch of 3 sequences of 9 tokens", (3, 9, 11)),
-                            ("a larger vocabulary", (2, 6, 50))]:
+    for name, (B, T, V) in [
+        ("two tokens, the shortest sequence with a next token", (1, 2, 5)),
+        ("a batch of 3 sequences of 9 tokens", (3, 9, 11)),
+        ("a larger vocabulary", (2, 6, 50)),
+    ]:
         logits = 3 * torch.randn(B, T, V, generator=g)
         idx = torch.randint(V, (B, T), generator=g)
         V_ = V
@@ -61,8 +63,10 @@ def _diagnose_top_p(logits: torch.Tensor, p: float):
         if torch.equal(kept_got, kept_exp) and not torch.equal(got[kept_got], logits[kept_exp]):
             return "return the logits themselves where kept (not probabilities, not renormalised)"
         if bool((kept_got.sum(-1) < kept_exp.sum(-1)).any()):
-            return ("kept too few: include the token that makes the running total reach p "
-                    "(keep a token if the mass strictly before it is < p)")
+            return (
+                "kept too few: include the token that makes the running total reach p "
+                "(keep a token if the mass strictly before it is < p)"
+            )
         if bool((kept_got.sum(-1) > kept_exp.sum(-1)).any()):
             return "kept too many: stop once the most probable tokens hold p of the mass"
         if not torch.equal(kept_got, kept_exp):
@@ -86,8 +90,17 @@ def check_top_p_filter(fn) -> CheckReport:
         ("negative logits, p = 0.3", rows - 10.0, 0.3),
         ("p = 1 keeps every token", rows, 1.0),
     ]:
-        cases.append(Case(name, (logits.clone(), p), top_p_filter(logits, p), exact=False, atol=0.0, rtol=0.0,
-                          diagnose=_diagnose_top_p(logits, p)))
+        cases.append(
+            Case(
+                name,
+                (logits.clone(), p),
+                top_p_filter(logits, p),
+                exact=False,
+                atol=0.0,
+                rtol=0.0,
+                diagnose=_diagnose_top_p(logits, p),
+            )
+        )
     return run_checks("Exercise 3.2 (top-p filtering)", fn, cases)
 
 
@@ -99,7 +112,7 @@ def _diagnose_rope(x: torch.Tensor, positions: torch.Tensor):
         theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
         angles = positions.double()[:, None] * theta[None, :]  # (T, D/2)
         wrong = angles.repeat_interleave(2, dim=-1)  # neighbours share an angle: the interleaved layout
-        x1, x2 = x[..., : D // 2].double(), x[..., D // 2:].double()
+        x1, x2 = x[..., : D // 2].double(), x[..., D // 2 :].double()
         rotated_half = torch.cat([-x2, x1], dim=-1)
         if torch.allclose(got.double(), x.double() * wrong.cos() + rotated_half * wrong.sin(), atol=1e-4):
             return "angle table repeat-interleaved: channel i pairs with i + D/2, so concatenate the table with itself"
@@ -121,8 +134,16 @@ def check_rope(fn) -> CheckReport:
     ]:
         x = torch.randn(*shape, generator=g)
         # fp32 input, float64 reference: the rotation's rounding is ~1e-6 at these angles
-        cases.append(Case(name, (x.clone(), positions), apply_rope_ref(x, positions), atol=1e-5, rtol=1e-5,
-                          diagnose=_diagnose_rope(x, positions)))
+        cases.append(
+            Case(
+                name,
+                (x.clone(), positions),
+                apply_rope_ref(x, positions),
+                atol=1e-5,
+                rtol=1e-5,
+                diagnose=_diagnose_rope(x, positions),
+            )
+        )
     return run_checks("Exercise 3.3 (a RoPE rotation)", fn, cases)
 
 
@@ -149,11 +170,13 @@ def _diagnose_penalty(logits: torch.Tensor, ids: torch.Tensor, penalty: float):
     def diagnose(got: torch.Tensor) -> str | None:
         near = lambda x: bool(torch.allclose(got, x, rtol=1e-5, atol=1e-6))  # noqa: E731
         if near(torch.where(seen, logits / penalty, logits)):
-            return ("a negative logit divided by the penalty moves toward 0, which makes the token MORE likely: "
-                    "divide positive logits by the penalty and multiply negative ones")
+            return (
+                "a negative logit divided by the penalty moves toward 0, which makes the token MORE likely: "
+                "divide positive logits by the penalty and multiply negative ones"
+            )
         if near(torch.where(seen, torch.where(logits > 0, logits * penalty, logits / penalty), logits)):
             return "backwards: the penalty must lower a repeated token's logit (positive: divide, negative: multiply)"
-        if near(_penalised(logits, seen, penalty ** counts)):
+        if near(_penalised(logits, seen, penalty**counts)):
             return "penalise each token once, however many times it appears in the context"
         if near(_penalised(logits, anywhere, penalty)):
             return "each row has its own context: in row b penalise only the tokens of input_ids[b]"
@@ -175,13 +198,25 @@ def check_repetition_penalty(fn) -> CheckReport:
     for case, logits, ids, penalty in [
         ("one row, a context of one token", torch.tensor([[2.0, -1.0, 0.5, 3.0]]), torch.tensor([[3]]), 1.5),
         ("negative logits in the context", torch.tensor([[1.0, -2.0, 0.5, -0.5, 3.0]]), torch.tensor([[1, 3, 4]]), 1.2),
-        ("a token repeated three times in the context", torch.tensor([[4.0, -3.0, 1.0, 2.0, -1.0]]),
-         torch.tensor([[1, 1, 1, 0]]), 2.0),
+        (
+            "a token repeated three times in the context",
+            torch.tensor([[4.0, -3.0, 1.0, 2.0, -1.0]]),
+            torch.tensor([[1, 1, 1, 0]]),
+            2.0,
+        ),
         ("two rows with different contexts, a zero logit", mixed, torch.tensor([[0, 5, 7, 2], [9, 9, 3, 11]]), 1.3),
     ]:
         # fp32: logits / penalty and logits * (1 / penalty) differ by at most one rounding (~1e-7 relative)
-        cases.append(Case(case, (logits, ids, penalty), repetition_penalty_ref(logits, ids, penalty), atol=1e-6,
-                          rtol=1e-6, diagnose=_diagnose_penalty(logits, ids, penalty)))
+        cases.append(
+            Case(
+                case,
+                (logits, ids, penalty),
+                repetition_penalty_ref(logits, ids, penalty),
+                atol=1e-6,
+                rtol=1e-6,
+                diagnose=_diagnose_penalty(logits, ids, penalty),
+            )
+        )
     if not callable(fn):
         return call_learner(name, fn, (), "", len(cases) + 1)[1]
     modified = []
@@ -197,6 +232,12 @@ def check_repetition_penalty(fn) -> CheckReport:
     if not report.passed:
         return report
     if modified:
-        return CheckReport(name, False, len(cases), None, "the logits passed in were modified",
-                           "work on a copy (out = logits.clone(), or torch.where): the caller may still need them")
+        return CheckReport(
+            name,
+            False,
+            len(cases),
+            None,
+            "the logits passed in were modified",
+            "work on a copy (out = logits.clone(), or torch.where): the caller may still need them",
+        )
     return CheckReport(name, True, len(cases))

@@ -1,13 +1,13 @@
 """Checks for lesson 06, "Mamba".
 
-    check_discretize(fn)     fn(delta (..., D), A (D, N), B (..., N)) -> (A_bar, B_bar) (..., D, N),
-                             equal to lib.scan.discretize
-    check_ssm_step(fn)       fn(h (B, D, N), x (B, D), delta (B, D), A (D, N), B (B, N), C (B, N))
-                             -> (y (B, D), h_next (B, D, N)): one step of the selective recurrence
-    check_scan_combine(fn)   fn((a1, b1), (a2, b2)) -> (a, b): "do left, then right" as one step,
-                             equal to lib.scan.scan_combine
-    check_causal_conv1d(fn)  fn(x (B, T, E), weight (E, K), bias (E,)) -> (B, T, E): the mixer's short
-                             causal depthwise convolution, equal to lib.conv.causal_conv1d_ref
+check_discretize(fn)     fn(delta (..., D), A (D, N), B (..., N)) -> (A_bar, B_bar) (..., D, N),
+                         equal to lib.scan.discretize
+check_ssm_step(fn)       fn(h (B, D, N), x (B, D), delta (B, D), A (D, N), B (B, N), C (B, N))
+                         -> (y (B, D), h_next (B, D, N)): one step of the selective recurrence
+check_scan_combine(fn)   fn((a1, b1), (a2, b2)) -> (a, b): "do left, then right" as one step,
+                         equal to lib.scan.scan_combine
+check_causal_conv1d(fn)  fn(x (B, T, E), weight (E, K), bias (E,)) -> (B, T, E): the mixer's short
+                         causal depthwise convolution, equal to lib.conv.causal_conv1d_ref
 """
 
 from __future__ import annotations
@@ -28,12 +28,24 @@ _TOL = dict(rtol=1e-5, atol=1e-6)
 def _pair_report(name, n, case, got, expected, names, hints, order=(0, 1)) -> CheckReport | None:
     """Compare a returned pair with the expected one (entries in `order`); None when they match."""
     if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-        return CheckReport(name, False, n, case, f"returned {type(got).__name__}, expected a tuple {names}",
-                           "return both, e.g. `return A_bar, B_bar`")
+        return CheckReport(
+            name,
+            False,
+            n,
+            case,
+            f"returned {type(got).__name__}, expected a tuple {names}",
+            "return both, e.g. `return A_bar, B_bar`",
+        )
     for i in order:
         if got[i].shape != expected[i].shape:
-            return CheckReport(name, False, n, case, f"{names[i]} has shape {tuple(got[i].shape)}, expected "
-                               f"{tuple(expected[i].shape)}", hints.get(f"shape{i}"))
+            return CheckReport(
+                name,
+                False,
+                n,
+                case,
+                f"{names[i]} has shape {tuple(got[i].shape)}, expected {tuple(expected[i].shape)}",
+                hints.get(f"shape{i}"),
+            )
         if not torch.allclose(got[i], expected[i], **_TOL):
             hint = next((h for test, h in hints.get(i, []) if test(got[i])), hints.get(f"default{i}"))
             return CheckReport(name, False, n, case, f"wrong {names[i]}", hint)
@@ -45,10 +57,16 @@ def check_discretize(fn) -> CheckReport:
     name = "Exercise 6.1 (discretisation)"
     g = torch.Generator().manual_seed(0)
     A = -torch.rand(3, 4, generator=g) * 4 - 0.5  # (D, N) negative
-    cases = [("fixed Δ, B (the LTI case): delta (D,), B (N,)", (torch.rand(3, generator=g) + 0.1, A,
-                                                                  torch.randn(4, generator=g))),
-             ("selective: delta (B, L, D), B (B, L, N)", (torch.rand(2, 5, 3, generator=g) + 0.1, A,
-                                                           torch.randn(2, 5, 4, generator=g)))]
+    cases = [
+        (
+            "fixed Δ, B (the LTI case): delta (D,), B (N,)",
+            (torch.rand(3, generator=g) + 0.1, A, torch.randn(4, generator=g)),
+        ),
+        (
+            "selective: delta (B, L, D), B (B, L, N)",
+            (torch.rand(2, 5, 3, generator=g) + 0.1, A, torch.randn(2, 5, 4, generator=g)),
+        ),
+    ]
     for case, (delta, A_, B) in cases:
         got, report = call_learner(name, fn, (delta, A_, B), case, len(cases))
         if report is not None:
@@ -58,9 +76,13 @@ def check_discretize(fn) -> CheckReport:
         hints = {
             "shape0": "Ā has one entry per channel d and state n: delta[..., :, None] * A gives (..., D, N)",
             "shape1": "B̄ = delta[..., :, None] * B[..., None, :], shape (..., D, N)",
-            0: [(lambda t: torch.allclose(t, 1 + dA, **_TOL), "that is 1 + ΔA, the first-order Euler step: "
-                                                               "the zero-order hold gives exp(ΔA)"),
-                (lambda t: torch.allclose(t, torch.exp(A_).expand_as(t), **_TOL), "scale A by Δ before exp")],
+            0: [
+                (
+                    lambda t: torch.allclose(t, 1 + dA, **_TOL),
+                    "that is 1 + ΔA, the first-order Euler step: the zero-order hold gives exp(ΔA)",
+                ),
+                (lambda t: torch.allclose(t, torch.exp(A_).expand_as(t), **_TOL), "scale A by Δ before exp"),
+            ],
             "default0": "Ā = exp(Δ·A), entry by entry: torch.exp(delta[..., :, None] * A)",
             "default1": "B̄ = Δ·B: delta[..., :, None] * B[..., None, :]",
         }
@@ -86,19 +108,28 @@ def check_ssm_step(fn) -> CheckReport:
         got, report = call_learner(name, fn, (h.clone(), x, delta, A_, Bm, C), case, len(cases))
         if report is not None:
             return report
-        y, h_next = selective_scan_ref(x.unsqueeze(1), delta.unsqueeze(1), A_, Bm.unsqueeze(1), C.unsqueeze(1),
-                                       h0=h, return_state=True)
+        y, h_next = selective_scan_ref(
+            x.unsqueeze(1), delta.unsqueeze(1), A_, Bm.unsqueeze(1), C.unsqueeze(1), h0=h, return_state=True
+        )
         expected = (y[:, 0], h_next)
         no_delta = torch.exp(delta.unsqueeze(-1) * A_) * h + x.unsqueeze(-1) * Bm.unsqueeze(1)
         hints = {
             "shape0": "y has one value per channel: sum h_next * C[:, None, :] over the state dim (-1)",
             "shape1": "h_next keeps h's shape (B, D, N)",
-            1: [(lambda t: torch.allclose(t, no_delta, **_TOL), "the input enters as B̄x = (Δ·x) ⊗ B: multiply x by Δ"),
-                (lambda t: torch.allclose(t, h + (delta * x).unsqueeze(-1) * Bm.unsqueeze(1), **_TOL),
-                 "decay the old state first: Ā ⊙ h with Ā = exp(Δ·A)")],
+            1: [
+                (lambda t: torch.allclose(t, no_delta, **_TOL), "the input enters as B̄x = (Δ·x) ⊗ B: multiply x by Δ"),
+                (
+                    lambda t: torch.allclose(t, h + (delta * x).unsqueeze(-1) * Bm.unsqueeze(1), **_TOL),
+                    "decay the old state first: Ā ⊙ h with Ā = exp(Δ·A)",
+                ),
+            ],
             "default1": "h_next = exp(delta[..., None] * A) * h + (delta * x)[..., None] * B[:, None, :]",
-            0: [(lambda t: torch.allclose(t, (h * C.unsqueeze(1)).sum(-1), **_TOL),
-                 "read y from the new state h_next, not the old h")],
+            0: [
+                (
+                    lambda t: torch.allclose(t, (h * C.unsqueeze(1)).sum(-1), **_TOL),
+                    "read y from the new state h_next, not the old h",
+                )
+            ],
             "default0": "y = (h_next * C[:, None, :]).sum(-1)",
         }
         report = _pair_report(name, len(cases), case, got, expected, ("y", "h_next"), hints, order=(1, 0))
@@ -112,18 +143,26 @@ def check_scan_combine(fn) -> CheckReport:
     name = "Exercise 6.3 (the associative combine)"
     g = torch.Generator().manual_seed(2)
     pairs = [(torch.rand(3, 4, generator=g), torch.randn(3, 4, generator=g)) for _ in range(3)]
-    cases = [("two steps", (pairs[0], pairs[1])), ("the other order (the combine is not commutative)",
-                                                   (pairs[1], pairs[0]))]
+    cases = [
+        ("two steps", (pairs[0], pairs[1])),
+        ("the other order (the combine is not commutative)", (pairs[1], pairs[0])),
+    ]
     for case, (left, right) in cases:
         got, report = call_learner(name, fn, (left, right), case, len(cases) + 1)
         if report is not None:
             return report
         expected = scan_combine(left, right)
         swapped = left[0] * right[1] + left[1]
-        hints = {1: [(lambda t: torch.allclose(t, swapped, **_TOL),
-                      "left happens first: its offset b1 is then decayed by the right step's a2: a2 * b1 + b2")],
-                 "default1": "apply h -> a1 h + b1, then h -> a2 h + b2: the offset is a2 * b1 + b2",
-                 "default0": "the decays multiply: a1 * a2"}
+        hints = {
+            1: [
+                (
+                    lambda t: torch.allclose(t, swapped, **_TOL),
+                    "left happens first: its offset b1 is then decayed by the right step's a2: a2 * b1 + b2",
+                )
+            ],
+            "default1": "apply h -> a1 h + b1, then h -> a2 h + b2: the offset is a2 * b1 + b2",
+            "default0": "the decays multiply: a1 * a2",
+        }
         report = _pair_report(name, len(cases) + 1, case, got, expected, ("a", "b"), hints)
         if report is not None:
             return report
@@ -158,20 +197,28 @@ def _diagnose_conv(x, weight, bias):
         if got.shape == (B, E, T) and E != T:
             return "conv1d works on (B, E, T): transpose back to (B, T, E)"
         if got.shape == (B, T + K - 1, E):
-            return ("padding K - 1 on both sides gives T + K - 1 outputs: pad on the left only, or keep the "
-                    "first T outputs")
+            return (
+                "padding K - 1 on both sides gives T + K - 1 outputs: pad on the left only, or keep the first T outputs"
+            )
         if got.shape == (B, T - K + 1, E) or (T < K and got.numel() == 0):
             return "without padding the first K - 1 positions have no output: pad K - 1 zeros on the left"
         if got.shape != (B, T, E):
             return None
         near = lambda y: bool(torch.allclose(got, y, rtol=1e-4, atol=1e-4))  # noqa: E731
         if K > 1 and near(_conv_padded(x, weight.flip(-1), bias, K - 1, 0)):
-            return ("the weights are reversed: weight[:, K - 1] multiplies the current input x_t and weight[:, 0] "
-                    "the oldest, x_(t-K+1) (conv1d slides the kernel as it is, it does not flip it)")
-        if K > 1 and any(near(_conv_padded(x, w, bias, left, K - 1 - left)) for left in range(K - 1)
-                         for w in (weight, weight.flip(-1))):
-            return ("the output at t reads inputs after t, which a decoder has not seen yet: pad K - 1 zeros on the "
-                    "left only, so that y_t sees x_(t-K+1) .. x_t")
+            return (
+                "the weights are reversed: weight[:, K - 1] multiplies the current input x_t and weight[:, 0] "
+                "the oldest, x_(t-K+1) (conv1d slides the kernel as it is, it does not flip it)"
+            )
+        if K > 1 and any(
+            near(_conv_padded(x, w, bias, left, K - 1 - left))
+            for left in range(K - 1)
+            for w in (weight, weight.flip(-1))
+        ):
+            return (
+                "the output at t reads inputs after t, which a decoder has not seen yet: pad K - 1 zeros on the "
+                "left only, so that y_t sees x_(t-K+1) .. x_t"
+            )
         if near(_conv_padded(x, weight, None, K - 1, 0)):
             return "add each channel's bias"
         return None
@@ -193,6 +240,14 @@ def check_causal_conv1d(fn) -> CheckReport:
         x = torch.randn(B, T, E, generator=g) - (0.5 if T == 10 else 0.0)
         weight, bias = torch.randn(E, K, generator=g), torch.randn(E, generator=g)
         # fp32, sums of K <= 4 products of size ~1: any order agrees to ~1e-6
-        cases.append(Case(name, (x, weight, bias), causal_conv1d_ref(x, weight, bias), atol=1e-5, rtol=1e-5,
-                          diagnose=_diagnose_conv(x, weight, bias)))
+        cases.append(
+            Case(
+                name,
+                (x, weight, bias),
+                causal_conv1d_ref(x, weight, bias),
+                atol=1e-5,
+                rtol=1e-5,
+                diagnose=_diagnose_conv(x, weight, bias),
+            )
+        )
     return run_checks("Exercise 6.4 (the short causal convolution)", fn, cases)

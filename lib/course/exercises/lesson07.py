@@ -1,12 +1,12 @@
 """Checks for lesson 07, "Mixture of Experts".
 
-    check_top_k_gating(fn)         fn(logits (N, E), k) -> (gates (N, k), experts (N, k)): the k largest
-                                   logits' experts and the softmax over those k logits (lib.moe's default)
-    check_balance_loss(fn)         fn(router_logits (N, E), k) -> scalar, equal to
-                                   lib.moe.load_balancing_loss
-    check_expert_capacity(fn)      fn(num_tokens, num_experts, top_k, capacity_factor) -> int, equal to
-                                   lib.moe.expert_capacity
-    check_router_z_loss(fn)        fn(router_logits (N, E)) -> scalar, equal to lib.moe.router_z_loss
+check_top_k_gating(fn)         fn(logits (N, E), k) -> (gates (N, k), experts (N, k)): the k largest
+                               logits' experts and the softmax over those k logits (lib.moe's default)
+check_balance_loss(fn)         fn(router_logits (N, E), k) -> scalar, equal to
+                               lib.moe.load_balancing_loss
+check_expert_capacity(fn)      fn(num_tokens, num_experts, top_k, capacity_factor) -> int, equal to
+                               lib.moe.expert_capacity
+check_router_z_loss(fn)        fn(router_logits (N, E)) -> scalar, equal to lib.moe.router_z_loss
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ def _logits(N, E, seed):
 def check_top_k_gating(fn) -> CheckReport:
     """fn(logits, k) -> (gates, experts), experts sorted by logit (largest first)."""
     name = "Exercise 7.1 (top-k gating)"
-    cases = [("top-1 of 4 experts", _logits(6, 4, 0), 1), ("top-2 of 8 experts", _logits(10, 8, 1), 2),
-             ("top-3 of 5, negative logits", _logits(7, 5, 2) - 10, 3)]
+    cases = [
+        ("top-1 of 4 experts", _logits(6, 4, 0), 1),
+        ("top-2 of 8 experts", _logits(10, 8, 1), 2),
+        ("top-3 of 5, negative logits", _logits(7, 5, 2) - 10, 3),
+    ]
     for case, logits, k in cases:
         got, report = call_learner(name, fn, (logits, k), case, len(cases))
         if report is not None:
@@ -51,8 +54,10 @@ def check_top_k_gating(fn) -> CheckReport:
         if not torch.allclose(gates, expected[0], rtol=1e-5, atol=1e-6):
             full = torch.softmax(logits, dim=-1).gather(1, expected[1])
             if torch.allclose(gates, full, rtol=1e-5, atol=1e-6):
-                hint = ("those are the full softmax's probabilities (they do not sum to 1 over the k experts): "
-                        "take the softmax over the k selected logits only")
+                hint = (
+                    "those are the full softmax's probabilities (they do not sum to 1 over the k experts): "
+                    "take the softmax over the k selected logits only"
+                )
             else:
                 hint = "gates = softmax(the k selected logits): torch.softmax(top.values, dim=-1)"
             return fail("wrong gates", hint)
@@ -66,8 +71,12 @@ def check_balance_loss(fn) -> CheckReport:
     even[torch.arange(8), torch.arange(8) % 4] = 5.0  # every expert first choice of 2 tokens
     skewed = _logits(12, 4, 3)
     skewed[:, 0] += 4  # expert 0 is everyone's favourite
-    cases = [("an evenly routed batch, top-1", even, 1), ("a skewed router, top-1", skewed, 1),
-             ("a skewed router, top-2", skewed, 2), ("random logits, 8 experts, top-2", _logits(32, 8, 4), 2)]
+    cases = [
+        ("an evenly routed batch, top-1", even, 1),
+        ("a skewed router, top-1", skewed, 1),
+        ("a skewed router, top-2", skewed, 2),
+        ("random logits, 8 experts, top-2", _logits(32, 8, 4), 2),
+    ]
     for case, logits, k in cases:
         got, report = call_learner(name, fn, (logits, k), case, len(cases))
         if report is not None:
@@ -87,8 +96,10 @@ def check_balance_loss(fn) -> CheckReport:
         elif k > 1 and torch.allclose(got.reshape(()) * k, expected, rtol=1e-5):
             hint = "f_i counts every token that picks expert i among its k, divided by N tokens (so Σ f_i = k)"
         else:
-            hint = ("f_i = share of tokens with expert i among their top k (a count, no gradient), P_i = mean "
-                    "softmax probability of expert i; the loss is E · Σ_i f_i · P_i")
+            hint = (
+                "f_i = share of tokens with expert i among their top k (a count, no gradient), P_i = mean "
+                "softmax probability of expert i; the loss is E · Σ_i f_i · P_i"
+            )
         return fail(f"returned {got.reshape(()).item():.4f}, expected {expected.item():.4f}", hint)
     return CheckReport(name, True, len(cases))
 
@@ -96,27 +107,38 @@ def check_balance_loss(fn) -> CheckReport:
 def check_expert_capacity(fn) -> CheckReport:
     """fn(num_tokens, num_experts, top_k, capacity_factor) -> ceil(C · N · k / E) as an int."""
     name = "Exercise 7.3 (expert capacity)"
-    cases = [("4096 tokens, 8 experts, top-2, C = 1.0", (4096, 8, 2, 1.0)),
-             ("C = 1.25", (4096, 8, 2, 1.25)), ("a fraction to round up: 10 tokens, 3 experts, top-1", (10, 3, 1, 1.0)),
-             ("top-2 on a fraction: 10 tokens, 3 experts, top-2", (10, 3, 2, 1.0)),
-             ("C = 2.0, top-1, 64 experts", (1000, 64, 1, 2.0)),
-             ("C = 1.1, exactly 11 slots: 100 tokens, 10 experts, top-1", (100, 10, 1, 1.1))]
+    cases = [
+        ("4096 tokens, 8 experts, top-2, C = 1.0", (4096, 8, 2, 1.0)),
+        ("C = 1.25", (4096, 8, 2, 1.25)),
+        ("a fraction to round up: 10 tokens, 3 experts, top-1", (10, 3, 1, 1.0)),
+        ("top-2 on a fraction: 10 tokens, 3 experts, top-2", (10, 3, 2, 1.0)),
+        ("C = 2.0, top-1, 64 experts", (1000, 64, 1, 2.0)),
+        ("C = 1.1, exactly 11 slots: 100 tokens, 10 experts, top-1", (100, 10, 1, 1.1)),
+    ]
     for case, args in cases:
         got, report = call_learner(name, fn, args, case, len(cases))
         if report is not None:
             return report
         expected = expert_capacity(*args)
         if isinstance(got, bool) or not isinstance(got, int):
-            return CheckReport(name, False, len(cases), case, f"returned {type(got).__name__}, expected an int",
-                               "a capacity counts token slots: return an int (math.ceil gives one)")
+            return CheckReport(
+                name,
+                False,
+                len(cases),
+                case,
+                f"returned {type(got).__name__}, expected an int",
+                "a capacity counts token slots: return an int (math.ceil gives one)",
+            )
         if got != expected:
             N, E, k, C = args
             if got == int(C * N * k / E):
                 hint = "round up, not down: a fraction of a slot still needs the slot (math.ceil)"
             elif got == math.ceil(C * N * k / E):
-                hint = (f"float rounding: {C} is not exactly {C} in binary, so {C} · {N} · {k} / {E} comes out as "
-                        f"{C * N * k / E!r} and rounds up one slot too many; keep the decimal value, "
-                        "e.g. fractions.Fraction(str(capacity_factor))")
+                hint = (
+                    f"float rounding: {C} is not exactly {C} in binary, so {C} · {N} · {k} / {E} comes out as "
+                    f"{C * N * k / E!r} and rounds up one slot too many; keep the decimal value, "
+                    "e.g. fractions.Fraction(str(capacity_factor))"
+                )
             elif got == math.ceil(C * N / E) * k:
                 hint = "multiply by k before rounding up: ceil(C · N · k / E), not ceil(C · N / E) · k"
             elif got * k == expected or got == expected * k:
@@ -130,10 +152,12 @@ def check_expert_capacity(fn) -> CheckReport:
 def check_router_z_loss(fn) -> CheckReport:
     """fn(router_logits (N, E)) -> the mean over tokens of logsumexp(logits)² as a 0-dim tensor."""
     name = "Exercise 7.4 (the router z-loss)"
-    cases = [("random logits, 16 tokens, 8 experts", _logits(16, 8, 5)),
-             ("one token, two experts", torch.tensor([[0.5, -1.0]])),
-             ("negative logits: each token's log-sum-exp is below 0", _logits(10, 4, 6) - 6.0),
-             ("logits near 100: exp() overflows float32 (its largest value is about e^88)", _logits(5, 4, 7) + 100.0)]
+    cases = [
+        ("random logits, 16 tokens, 8 experts", _logits(16, 8, 5)),
+        ("one token, two experts", torch.tensor([[0.5, -1.0]])),
+        ("negative logits: each token's log-sum-exp is below 0", _logits(10, 4, 6) - 6.0),
+        ("logits near 100: exp() overflows float32 (its largest value is about e^88)", _logits(5, 4, 7) + 100.0),
+    ]
     for case, logits in cases:
         got, report = call_learner(name, fn, (logits.clone(),), case, len(cases))
         if report is not None:
@@ -145,8 +169,11 @@ def check_router_z_loss(fn) -> CheckReport:
 
         if not isinstance(got, torch.Tensor) or got.numel() != 1:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            hint = ("average over the tokens: one number for the batch" if isinstance(got, torch.Tensor) else
-                    "return the tensor itself, not .item() or float(): the loss must stay in the autograd graph")
+            hint = (
+                "average over the tokens: one number for the batch"
+                if isinstance(got, torch.Tensor)
+                else "return the tensor itself, not .item() or float(): the loss must stay in the autograd graph"
+            )
             return fail(f"returned {shape}, expected a one-number tensor", hint)
         got = got.reshape(())
         # fp32: a mean of N <= 16 squares, any order: ~1e-7 relative, also for values near 100² = 1e4
@@ -155,8 +182,10 @@ def check_router_z_loss(fn) -> CheckReport:
         lse = torch.logsumexp(logits, dim=-1)
         near = lambda x: bool(torch.allclose(got, x, rtol=1e-4, atol=1e-5))  # noqa: E731
         if not bool(torch.isfinite(got)):
-            hint = ("exp(100) overflows float32 to inf: use torch.logsumexp(logits, dim=-1), which subtracts each "
-                    "row's maximum before exp")
+            hint = (
+                "exp(100) overflows float32 to inf: use torch.logsumexp(logits, dim=-1), which subtracts each "
+                "row's maximum before exp"
+            )
         elif near(lse.mean()):
             hint = "square each token's log-sum-exp before averaging"
         elif near(lse.pow(2).sum()):
@@ -164,8 +193,10 @@ def check_router_z_loss(fn) -> CheckReport:
         elif near(logits.amax(-1).pow(2).mean()):
             hint = "the log-sum-exp log Σ exp(x_i), not the largest logit: torch.logsumexp(logits, dim=-1)"
         elif near(torch.logsumexp(torch.softmax(logits, -1), -1).pow(2).mean()):
-            hint = ("the z-loss acts on the raw logits, not on softmax probabilities (which stay in [0, 1] "
-                    "however large the logits grow)")
+            hint = (
+                "the z-loss acts on the raw logits, not on softmax probabilities (which stay in [0, 1] "
+                "however large the logits grow)"
+            )
         elif near(torch.logsumexp(logits, dim=0).pow(2).mean()):
             hint = "the log-sum-exp runs over each token's E expert logits (dim=-1), not over the tokens"
         elif near(logits.pow(2).mean()):
