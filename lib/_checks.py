@@ -4,14 +4,15 @@ Each helper raises a `TypeError` or `ValueError` whose message names the argumen
 was expected, so a student who passes the wrong thing learns what the right thing is instead of
 meeting a broadcasting error three calls deeper.
 
-Two kinds of check. Checks of types, shapes, dtypes and devices read metadata only and always run.
-Value scans (NaN in logits, token ids out of range, a mask row with nothing visible) read the data:
-on a GPU each is a host synchronisation, which stalls the GPU's queue and defeats CUDA graphs and
-`torch.compile`. They run at a public door when a call starts from the caller's data, and are
+Two kinds of check. Checks of types, shapes, dtypes and devices read metadata only. Value scans
+(NaN in logits, token ids out of range, a mask row with nothing visible) read the data: on a GPU
+each is a host synchronisation, which stalls the GPU's queue and defeats CUDA graphs and
+`torch.compile`. Both run at a public door when a call starts from the caller's data, and both are
 skipped inside the loops `lib` drives itself over data it has already checked (a decode loop:
-`inputs_checked()`; a callback into the caller's code runs checked again: `caller_code()`).
-Debug mode (`lib.debug(True)`, or ONEMASK_DEBUG=1 in the environment) runs them everywhere,
-inside those loops too.
+`inputs_checked()`; a callback into the caller's code runs checked again: `caller_code()`), so
+that a decoded token costs a handful of `checking()` calls, not a hundred checks. A door reads
+`if checking(): _check_...(...)` and then its math. Debug mode (`lib.debug(True)`, or
+ONEMASK_DEBUG=1 in the environment) runs every check everywhere, inside those loops too.
 """
 
 from __future__ import annotations
@@ -51,19 +52,24 @@ def _trusted(value: bool):
 
 
 def inputs_checked():
-    """Inside this block value scans are skipped (unless in debug mode): for a loop that lib runs
-    over values it checked at its door, such as generating token after token."""
+    """Inside this block doors skip their checks and value scans (unless in debug mode): for a loop
+    that lib runs over values it checked at its door, such as generating token after token."""
     return _trusted(True)
 
 
 def caller_code():
-    """Inside this block value scans run again: for the caller's code that a checked loop calls
-    back (a progress callback), whose arguments lib has not checked."""
+    """Inside this block checks and value scans run again: for the caller's code that a checked loop
+    calls back (a progress callback), whose arguments lib has not checked."""
     return _trusted(False)
 
 
+def checking() -> bool:
+    """Whether a door checks its arguments here: always in debug mode, else outside `inputs_checked`."""
+    return _debug or not getattr(_local, "trusted", False)
+
+
 def scan_values() -> bool:
-    """Whether a value scan should run here: always in debug mode, else outside `inputs_checked`."""
+    """Whether a value scan should run here: where `checking()` says (a door that checks scans too)."""
     return _debug or not getattr(_local, "trusted", False)
 
 

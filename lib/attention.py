@@ -30,7 +30,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_real, require_same, require_tensor, scan_values
+from lib._checks import (
+    checking,
+    require_int,
+    require_rank,
+    require_real,
+    require_same,
+    require_tensor,
+    scan_values,
+)
 from lib.masks import causal_mask
 
 __all__ = [
@@ -86,10 +94,10 @@ def _check_qkv(q, k, v) -> None:
         )
 
 
-def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
-    """Validate an additive mask and return it as a 4-d tensor in q's dtype."""
+def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> None:
+    """An additive mask: floating, on q's device, (T, S) or broadcasting to (B, H, T, S)."""
     if mask is None:
-        return None
+        return
     require_tensor("mask", mask)
     if mask.dtype == torch.bool:
         raise TypeError(
@@ -115,10 +123,9 @@ def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
             )
     if scan_values() and (bool(torch.isnan(m4).any()) or bool(torch.isposinf(m4).any())):
         raise ValueError("mask must hold finite values or -inf (no NaN, no +inf)")
-    return m4.to(q.dtype)
 
 
-def _check_common(q, k, v, mask, causal, scale) -> tuple[torch.Tensor | None, float]:
+def _check_common(q, k, v, mask, causal, scale) -> None:
     _check_qkv(q, k, v)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -126,10 +133,19 @@ def _check_common(q, k, v, mask, causal, scale) -> tuple[torch.Tensor | None, fl
         raise ValueError(
             f"causal attention needs T <= S (queries are the last positions), got T={q.shape[2]}, S={k.shape[2]}"
         )
-    m4 = _check_mask(mask, q, k)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    return m4, require_real("scale", scale, above=0, note=" or None (meaning 1/sqrt(D))")
+    _check_mask(mask, q, k)
+    if scale is not None:
+        require_real("scale", scale, above=0, note=" or None (meaning 1/sqrt(D))")
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    """The score scale: 1/√D unless given."""
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _as_4d(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """An additive (T, S) or (B, H, T, S) mask as (1, 1, T, S) or (B, H, T, S) in `dtype`."""
+    return None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).to(dtype)
 
 
 def _expand_kv(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -141,7 +157,8 @@ def _expand_kv(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- reference
 def safe_softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax that maps a row of all −inf to all zeros instead of NaN (otherwise identical)."""
-    require_tensor("scores", scores, floating=True)
+    if checking():
+        require_tensor("scores", scores, floating=True)
     row_max = scores.amax(dim=dim, keepdim=True)
     row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
     e = torch.exp(scores - row_max)  # exp(-inf) == 0 exactly
@@ -151,35 +168,43 @@ def safe_softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """The raw scores QKᵀ·scale, (B, H, T, S), before any mask. scale defaults to 1/√D."""
-    _, scale = _check_common(q, k, None, None, False, scale)
-    return (q @ _expand_kv(q, k).transpose(-2, -1)) * scale  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
+    if checking():
+        _check_common(q, k, None, None, False, scale)
+    return (q @ _expand_kv(q, k).transpose(-2, -1)) * _scale(q, scale)  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
 
 
 def attention_weights(q, k, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
-    """softmax(QKᵀ·scale + M) as a (B, H, T, S) tensor, with fully masked rows all zero."""
-    m4, scale = _check_common(q, k, None, mask, causal, scale)
-    return _weights(q, k, m4, causal, scale)
-
-
-def _weights(q, k, m4, causal: bool, scale: float) -> torch.Tensor:
+    """softmax(QKᵀ·scale + M) as a (B, H, T, S) tensor, with fully masked rows all zero; the
+    weights `attention_ref` multiplies V by (computed in fp32 for fp16/bf16)."""
+    if checking():
+        _check_common(q, k, None, mask, causal, scale)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    scores = (q.to(work) @ _expand_kv(q, k).to(work).transpose(-2, -1)) * scale  # (B, H, T, S)
-    if m4 is not None:
-        scores = scores + m4.to(work)
+    scores = (q.to(work) @ _expand_kv(q, k).to(work).transpose(-2, -1)) * _scale(q, scale)  # (B, H, T, S)
+    if mask is not None:
+        scores = scores + mask.to(work)
     if causal:
-        T, S = q.shape[2], k.shape[2]
-        scores = scores + causal_mask(T, kv_len=S, device=q.device, dtype=work)
+        scores = scores + causal_mask(q.shape[2], kv_len=k.shape[2], device=q.device, dtype=work)
     return safe_softmax(scores, dim=-1)
 
 
 def attention_ref(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """softmax(QKᵀ·scale + M)V with the whole (T, S) matrix in memory; fp32 math for fp16/bf16.
 
-    q (B, H, T, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v) -> (B, H, T, D_v) in q's dtype.
+    q (B, H, T, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v) -> (B, H, T, D_v) in q's dtype. `mask`
+    is additive, (T, S) or broadcasting to (B, H, T, S); `causal` lets query t (the queries are the
+    last T of S positions) see keys up to S - T + t. K and V with fewer heads serve H / H_kv queries.
     """
-    m4, scale = _check_common(q, k, v, mask, causal, scale)
-    weights = _weights(q, k, m4, causal, scale)  # (B, H, T, S): attention_weights without a second check
-    return (weights @ _expand_kv(q, v).to(weights.dtype)).to(q.dtype)  # (B, H, T, S) @ (B, H, S, D_v)
+    if checking():
+        _check_common(q, k, v, mask, causal, scale)
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    T, S = q.shape[2], k.shape[2]
+    scores = (q.to(work) @ _expand_kv(q, k).to(work).transpose(-2, -1)) * _scale(q, scale)  # (B, H, T, S)
+    if mask is not None:
+        scores = scores + mask.to(work)  # 0 = attend, −inf = blocked
+    if causal:
+        scores = scores + causal_mask(T, kv_len=S, device=q.device, dtype=work)  # −inf above the diagonal
+    weights = safe_softmax(scores, dim=-1)  # each row sums to 1; a row with no visible key is all 0
+    return (weights @ _expand_kv(q, v).to(work)).to(q.dtype)  # (B, H, T, S) @ (B, H, S, D_v)
 
 
 def attention_backward_ref(q, k, v, grad_out, mask=None, causal: bool = False, scale: float | None = None):
@@ -197,11 +222,15 @@ def attention_backward_ref(q, k, v, grad_out, mask=None, causal: bool = False, s
     (dq, dk, dv) shaped like q, k, v (grouped-query heads summed into their key/value head), in
     their dtypes, computed in fp32 (fp64 if given fp64). A fully masked row gets zero gradients.
     """
-    m4, scale = _check_common(q, k, v, mask, causal, scale)
-    require_tensor("grad_out", grad_out, floating=True)
-    want = (*q.shape[:3], v.shape[-1])
-    if tuple(grad_out.shape) != want:
-        raise ValueError(f"grad_out must have the output's shape (B, H, T, D_v) = {want}, got {tuple(grad_out.shape)}")
+    if checking():
+        _check_common(q, k, v, mask, causal, scale)
+        require_tensor("grad_out", grad_out, floating=True)
+        want = (*q.shape[:3], v.shape[-1])
+        if tuple(grad_out.shape) != want:
+            raise ValueError(
+                f"grad_out must have the output's shape (B, H, T, D_v) = {want}, got {tuple(grad_out.shape)}"
+            )
+    scale, m4 = _scale(q, scale), _as_4d(mask, q.dtype)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     qw, kw, vw, dO = (t.to(work) for t in (q, _expand_kv(q, k), _expand_kv(q, v), grad_out))
     scores = (qw @ kw.transpose(-2, -1)) * scale  # (B, H, T, S)
@@ -275,9 +304,11 @@ def attention_chunked(
     larger maximum rescales what came before by exp(m_old - m_new). Under `causal`, key blocks
     entirely in a query block's future are skipped: the work a flash kernel saves.
     """
-    m4, scale = _check_common(q, k, v, mask, causal, scale)
-    require_int("block_q", block_q, minimum=1)
-    require_int("block_k", block_k, minimum=1)
+    if checking():
+        _check_common(q, k, v, mask, causal, scale)
+        require_int("block_q", block_q, minimum=1)
+        require_int("block_k", block_k, minimum=1)
+    scale, m4 = _scale(q, scale), _as_4d(mask, q.dtype)
     B, H, T, D = q.shape
     S, D_v = k.shape[2], v.shape[3]
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
@@ -310,7 +341,9 @@ def attention_chunked(
 
 # --------------------------------------------------------------------------- SDPA and dispatch
 def _attention_sdpa(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
-    m4, scale = _check_common(q, k, v, mask, causal, scale)
+    if checking():
+        _check_common(q, k, v, mask, causal, scale)
+    scale, m4 = _scale(q, scale), _as_4d(mask, q.dtype)
     T, S = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
     k, v = (_expand_kv(q, k), _expand_kv(q, v)) if gqa else (k, v)
@@ -359,7 +392,8 @@ def attention(q, k, v, mask=None, causal: bool = False, scale: float | None = No
 # --------------------------------------------------------------------------- Triton (lesson 05)
 def _attention_triton(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """lib.kernels.flash_attention behind the door: causal or no mask, self-attention shapes only."""
-    _check_common(q, k, v, mask, causal, scale)
+    if checking():
+        _check_common(q, k, v, mask, causal, scale)
     if mask is not None:
         raise ValueError("the Triton kernel supports causal or no mask; pass backend='sdpa' for arbitrary masks")
     if q.shape[2] != k.shape[2] or q.shape[1] != k.shape[1] or v.shape[3] != q.shape[3]:

@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import (
+    checking,
     require_attention_mask,
     require_int,
     require_rank,
@@ -337,6 +338,20 @@ class GPT(nn.Module):
         dtype = self.transformer.wte.weight.dtype if dtype is None else dtype
         return sum(block.attn.cache_bytes(batch, seq_len, dtype) for block in self.transformer.h)
 
+    def _check_forward(self, idx, start: int, caches, attention_mask) -> None:
+        require_int("start", start, minimum=0)
+        self._check_idx(idx, start)
+        B, T = idx.shape
+        if caches is not None:
+            if len(caches) != self.config.n_layer:
+                raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
+            if caches[0].batch_size != B:
+                raise ValueError(f"caches were built for batch size {caches[0].batch_size}, idx has batch size {B}")
+        if start and caches is None:
+            raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
+        if attention_mask is not None:
+            require_attention_mask(attention_mask, (B, start + T), idx.device)
+
     def _check_idx(self, idx, start: int) -> None:
         require_token_ids(
             "idx",
@@ -370,20 +385,13 @@ class GPT(nn.Module):
         alone. (With RoPE the shared positions are kept: a score depends only on the offset between
         two positions, which the padding shifts equally.)
         """
-        require_int("start", start, minimum=0)
-        self._check_idx(idx, start)
+        if checking():
+            self._check_forward(idx, start, caches, attention_mask)
         B, T = idx.shape
-        if caches is not None:
-            if len(caches) != self.config.n_layer:
-                raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
-            if caches[0].batch_size != B:
-                raise ValueError(f"caches were built for batch size {caches[0].batch_size}, idx has batch size {B}")
-        if start and caches is None:
-            raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
         mask = None
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
         if attention_mask is not None:
-            keep = require_attention_mask(attention_mask, (B, start + T), idx.device)
+            keep = attention_mask.bool()  # (B, S): True at real tokens
             mask = padding_mask(keep, dtype=self.transformer.wte.weight.dtype)  # (B, 1, 1, S)
             # each row's position = how many real tokens precede it (0 on and before its first token)
             pos = (keep.long().cumsum(dim=1) - 1).clamp(min=0)[:, start : start + T]  # (B, T)

@@ -40,7 +40,7 @@ from fractions import Fraction
 import torch
 import torch.nn as nn
 
-from lib._checks import require_int, require_rank, require_tensor
+from lib._checks import checking, require_int, require_rank, require_tensor
 
 __all__ = [
     "DTYPE_BYTES",
@@ -113,7 +113,8 @@ class KVCache(nn.Module):
         Positions must be written in order without gaps (start <= length): a hole would hand
         attention keys that were never computed.
         """
-        self._check_update(start, k, v)
+        if checking():
+            self._check_update(start, k, v)
         end = start + k.shape[2]
         self.k[:, :, start:end] = k.to(self.k.dtype)
         self.v[:, :, start:end] = v.to(self.v.dtype)

@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import (
+    checking,
     require_attention_mask,
     require_int,
     require_state_dict_fits,
@@ -336,8 +337,8 @@ class Llama(nn.Module):
         dtype = self.model.embed_tokens.weight.dtype if dtype is None else dtype
         return sum(block.self_attn.cache_bytes(batch, seq_len, dtype) for block in self.model.layers)
 
-    def _check_forward(self, idx, caches, start, attention_mask) -> torch.Tensor | None:
-        """forward's arguments, checked once at its door; returns the padding mask as bool (or None)."""
+    def _check_forward(self, idx, caches, start, attention_mask) -> None:
+        """forward's arguments, checked once at its door."""
         require_int("start", start, minimum=0)
         device = self.model.embed_tokens.weight.device
         if require_tensor("idx", idx).device != device:
@@ -365,9 +366,8 @@ class Llama(nn.Module):
                 )
         elif start:
             raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
-        if attention_mask is None:
-            return None
-        return require_attention_mask(attention_mask, (B, start + T), idx.device)
+        if attention_mask is not None:
+            require_attention_mask(attention_mask, (B, start + T), idx.device)
 
     def forward(
         self,
@@ -389,12 +389,13 @@ class Llama(nn.Module):
         prompt starts later), which RoPE does not notice: a score depends only on the offset
         between two positions, which the padding shifts equally.
         """
-        keep = self._check_forward(idx, caches, start, attention_mask)
-        if return_attentions and targets is not None:
-            raise ValueError("return_attentions and targets go in separate calls")
+        if checking():
+            self._check_forward(idx, caches, start, attention_mask)
+            if return_attentions and targets is not None:
+                raise ValueError("return_attentions and targets go in separate calls")
         B, T = idx.shape
         w = self.model.embed_tokens.weight
-        mask = None if keep is None else padding_mask(keep, dtype=w.dtype)  # (B, 1, 1, S): −inf on padding
+        mask = None if attention_mask is None else padding_mask(attention_mask.bool(), dtype=w.dtype)  # (B, 1, 1, S)
         rope = (self.rope_cos[start : start + T].to(w.dtype), self.rope_sin[start : start + T].to(w.dtype))  # (T, D)
         x = self.model.embed_tokens(idx)  # (B, T, C)
         attentions = []

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from lib._checks import require_int, require_rank, require_real, require_same, require_tensor
+from lib._checks import checking, require_int, require_rank, require_real, require_same, require_tensor
 
 __all__ = [
     "LAYOUTS",
@@ -120,20 +120,24 @@ def rope_cos_sin(
 
 
 # --------------------------------------------------------------------------- rotation
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(..., D) -> (..., D): cat(-x[..., D/2:], x[..., :D/2]), the 90° turn of every pair (i, i + D/2)."""
+def _check_even(x) -> None:
     require_tensor("x", x)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"x must have shape (..., D) with D even, got {tuple(x.shape)}")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (..., D): cat(-x[..., D/2:], x[..., :D/2]), the 90° turn of every pair (i, i + D/2)."""
+    if checking():
+        _check_even(x)
     x1, x2 = x.chunk(2, dim=-1)  # (..., D) -> two (..., D/2)
     return torch.cat([-x2, x1], dim=-1)
 
 
 def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
     """(..., D) -> (..., D): (-x1, x0, -x3, x2, ...), the 90° turn of every pair (2i, 2i + 1)."""
-    require_tensor("x", x)
-    if x.dim() == 0 or x.shape[-1] % 2:
-        raise ValueError(f"x must have shape (..., D) with D even, got {tuple(x.shape)}")
+    if checking():
+        _check_even(x)
     return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)  # (..., D/2, 2) -> (..., D)
 
 
@@ -159,10 +163,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout:
     Returns x·cos + rotate(x)·sin in x's dtype, rotate = rotate_half or rotate_interleaved;
     float16/bfloat16 are computed in float32 so the output is rounded once, not after each product.
     """
-    rotate = rotate_half if _check_layout(layout) == "half" else rotate_interleaved
-    _, _, T, D = _check_x(x)
-    _check_table("cos", cos, T, D, x)
-    _check_table("sin", sin, T, D, x)
+    if checking():
+        _check_layout(layout)
+        _, _, T, D = _check_x(x)
+        _check_table("cos", cos, T, D, x)
+        _check_table("sin", sin, T, D, x)
+    rotate = rotate_half if layout == "half" else rotate_interleaved
     work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     xw = x.to(work)
     out = xw * cos.to(work) + rotate(xw) * sin.to(work)  # (B, H, T, D) * (T, D) broadcasts over B, H

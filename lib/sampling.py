@@ -29,7 +29,7 @@ import numbers
 
 import torch
 
-from lib._checks import require_int, require_rank, require_tensor, scan_values
+from lib._checks import checking, require_int, require_rank, require_tensor, scan_values
 
 __all__ = [
     "apply_temperature",
@@ -107,8 +107,10 @@ def _work(logits: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- the filters
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature: T < 1 sharpens the distribution, T > 1 flattens it; T > 0 here."""
-    _check_logits("logits", logits)
-    return logits / _check_temperature(temperature, allow_zero=False)
+    if checking():
+        _check_logits("logits", logits)
+        _check_temperature(temperature, allow_zero=False)
+    return logits / float(temperature)
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -118,8 +120,9 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     repeat (the convention of Hugging Face's TopKLogitsWarper and nanoGPT: `x < kth` is cut).
     k >= V returns an unchanged copy.
     """
-    _check_logits("logits", logits)
-    require_int("k", k, minimum=1)
+    if checking():
+        _check_logits("logits", logits)
+        require_int("k", k, minimum=1)
     if k >= logits.shape[-1]:
         return logits.clone()
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
@@ -145,8 +148,9 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     (HF's warper still cuts tokens whose probability underflows to 0; HF's generate does not run
     the warper at top_p = 1).
     """
-    _check_logits("logits", logits)
-    p = _check_p("p", p)
+    if checking():
+        _check_logits("logits", logits)
+        _check_p("p", p)
     if p == 1.0:
         return logits.clone()
     sorted_logits, order = torch.sort(logits, dim=-1)  # ascending: the most probable token is last
@@ -175,11 +179,12 @@ def filter_logits(
     softmax of the result is the distribution `sample_next_token` draws from. top_p acts on the
     tempered, top-k-filtered distribution. temperature == 0 keeps only each row's argmax (greedy).
     """
-    _check_logits("logits", logits)
-    temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
+    if checking():
+        _check_logits("logits", logits)
+        temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
     if temperature == 0:
         return _greedy_only(logits)
-    z = apply_temperature(logits, temperature)
+    z = logits / float(temperature)  # apply_temperature, its arguments checked above
     if top_k is not None:
         z = top_k_filter(z, top_k)
     if top_p is not None:
@@ -201,12 +206,13 @@ def sample_next_token(
     temperature == 0 is greedy decoding (argmax; top_k and top_p change nothing then). Otherwise
     a draw with `generator` from softmax(filter_logits(logits, temperature=..., top_k=..., top_p=...)).
     """
-    _check_logits("logits", logits)
-    require_rank("logits", logits, 2, "(B, V)")
-    _require_finite_row("logits", logits)
-    temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if checking():
+        _check_logits("logits", logits)
+        require_rank("logits", logits, 2, "(B, V)")
+        _require_finite_row("logits", logits)
+        temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
     # Subtracting each row's max changes no probability and no filter decision, and keeps a tiny

@@ -49,7 +49,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_tensor, scan_values
+from lib._checks import checking, inputs_checked, require_int, require_rank, require_tensor, scan_values
 from lib.kernels.runtime import require_kernel_device, work_dtype
 
 __all__ = [
@@ -213,11 +213,31 @@ def selective_scan_ref(
     can take them in: delta_bias (D,) is added to delta and delta_softplus=True makes the step size
     Δ = softplus(delta + delta_bias); z (B, L, D) gates the output, y ⊙ silu(z), after the skip.
 
-    Mirrors the official `selective_scan_ref`: Ā, B̄x precomputed, then h = Ā_t ⊙ h + B̄_t x_t
-    (`recurrence`), y_t = C_t · h, the outputs stacked once.
+    Mirrors the official `selective_scan_ref`: Ā, B̄x precomputed, then h = Ā_t ⊙ h + B̄_t x_t,
+    y_t = C_t · h, the outputs stacked once (unbound slices, nothing written in place: indexing a
+    growing tensor inside the loop would make autograd's backward quadratic in L).
     """
-    check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
-    return _scan_ref(x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    if checking():
+        check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    dtype, wt = x.dtype, work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
+    x, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
+    if delta_bias is not None:
+        delta = delta + delta_bias.to(wt)  # (B, L, D) + (D,)
+    if delta_softplus:
+        delta = F.softplus(delta)  # Δ > 0: a step size
+    A_bar = (delta.unsqueeze(-1) * A).exp_()  # (B, L, D, 1) * (D, N) -> (B, L, D, N): how much of h a step keeps
+    Bx = (delta * x).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, 1) * (B, L, 1, N) -> (B, L, D, N): what it writes
+    h = x.new_zeros(x.shape[0], x.shape[2], A.shape[1]) if h0 is None else h0.to(wt)  # (B, D, N)
+    ys = []
+    for a_t, bx_t, c_t in zip(A_bar.unbind(1), Bx.unbind(1), C.unbind(1)):  # one position at a time
+        h = a_t * h + bx_t  # h_t = Ā_t ⊙ h_{t-1} + B̄_t x_t, (B, D, N)
+        ys.append((h * c_t.unsqueeze(1)).sum(-1))  # y_t = C_t · h_t: (B, D, N) · (B, 1, N) -> (B, D)
+    y = torch.stack(ys, dim=1)  # L x (B, D) -> (B, L, D)
+    if D is not None:
+        y = y + x * D.to(wt)  # the skip D ⊙ x
+    if z is not None:
+        y = y * F.silu(z.to(wt))  # the gate silu(z)
+    return (y.to(dtype), h) if return_state else y.to(dtype)
 
 
 def recurrence(A_bar: torch.Tensor, Bx: torch.Tensor, h: torch.Tensor):
@@ -229,22 +249,6 @@ def recurrence(A_bar: torch.Tensor, Bx: torch.Tensor, h: torch.Tensor):
     for a_t, bx_t in zip(A_bar.unbind(1), Bx.unbind(1)):  # (B, D, N), (B, D, N)
         h = a_t * h + bx_t  # (B, D, N)
         yield h
-
-
-def _scan_ref(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
-    wt = work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
-    x_, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
-    delta = _step_sizes(delta, delta_bias, delta_softplus)  # (B, L, D)
-    b, l, d = x_.shape
-    A_bar = (delta.unsqueeze(-1) * A).exp_()  # (B, L, D, 1) * (D, N) -> (B, L, D, N); in place: no second buffer
-    Bx = (delta * x_).unsqueeze(-1) * B.unsqueeze(2)  # (B, L, D, 1) * (B, L, 1, N) -> (B, L, D, N)
-    h = x_.new_zeros(b, d, A.shape[1]) if h0 is None else h0.to(wt)  # (B, D, N)
-    ys = []
-    states = recurrence(A_bar, Bx, h)  # yields h_1 ... h_L, each (B, D, N)
-    for h, c_t in zip(states, C.unbind(1)):  # (B, D, N), (B, N); h ends as the last state
-        ys.append((h * c_t.unsqueeze(1)).sum(-1))  # (B, D, N) · (B, 1, N) -> (B, D)
-    y = torch.stack(ys, dim=1)  # L x (B, D) -> (B, L, D)
-    return _finish(y, x_, D, h, return_state, x.dtype, z)
 
 
 def default_chunk_size(L: int) -> int:
@@ -573,6 +577,11 @@ def selective_scan_triton(
         return_state=return_state,
         impl="triton",
     )
+
+
+def _scan_ref(x, delta, A, B, C, D, h0, return_state, **extras):
+    with inputs_checked():  # checked by the caller: selective_scan's door, or lib.mamba's
+        return selective_scan_ref(x, delta, A, B, C, D, h0=h0, return_state=return_state, **extras)
 
 
 def _scan_triton(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):

@@ -1,0 +1,98 @@
+"""Checks once, at the door: a decoded token runs no check helper, only one `checking()` guard per
+door it passes (the model, each layer's cache and attention, the sampler and its filter), and the
+tokens are the same with every check on (`lib.debug(True)`), which runs them inside the loop."""
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import lib
+import lib._checks as checks
+from lib.attention import attention
+from lib.decode import generate
+from lib.gpt import GPT, GPTConfig
+from lib.kv_cache import KVCache
+from lib.llama import Llama, LlamaConfig
+
+LIB = str(Path(lib.__file__).resolve().parent)
+CHECKS = str(Path(checks.__file__).resolve())
+
+
+def calls_per_token(model, prompt, new_tokens: int = 6, **knobs) -> Counter:
+    """The lib functions called for each decoded token: a run of `new_tokens` minus a run of 1 (the
+    prefill and its first token), divided by the difference."""
+
+    def run(n):
+        counted = Counter()
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename.startswith(LIB):
+                counted[(frame.f_code.co_filename, frame.f_code.co_name)] += 1
+
+        sys.setprofile(profile)
+        try:
+            generate(model, prompt, max_new_tokens=n, generator=torch.Generator().manual_seed(0), **knobs)
+        finally:
+            sys.setprofile(None)
+        return counted
+
+    one, many = run(1), run(new_tokens)
+    return Counter({key: (many[key] - one[key]) / (new_tokens - 1) for key in many if many[key] != one[key]})
+
+
+def helpers(per_token: Counter) -> dict:
+    """Check helpers per token: the functions of lib._checks and every _check_* of any module."""
+    return {
+        name: n
+        for (file, name), n in per_token.items()
+        if (file == CHECKS or name.startswith("_check") or name.startswith("require_")) and name != "checking"
+    }
+
+
+def tiny_models():
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.tiny(vocab_size=50, n_layer=4, n_embd=32, block_size=64)).eval()
+    llama = Llama(LlamaConfig.tiny(vocab_size=50, n_layer=4)).eval()
+    return {"gpt": gpt, "llama": llama}
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("knobs", [{"temperature": 0.0}, {"temperature": 0.8, "top_k": 5, "top_p": 0.9}])
+def test_a_decoded_token_runs_no_check_only_one_guard_per_door(name, knobs):
+    model = tiny_models()[name]
+    prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(1))
+    per_token = calls_per_token(model, prompt, **knobs)
+    assert helpers(per_token) == {}
+    # the model; each layer's cache and attention (and Llama's RoPE: apply_rope and its rotation, for
+    # q and for k); the sampler
+    per_layer = 2 if name == "gpt" else 6
+    doors = 1 + per_layer * model.config.n_layer + 1
+    doors += 0 if knobs["temperature"] == 0 else 1 + ("top_k" in knobs) + ("top_p" in knobs)  # the filters
+    assert per_token[(CHECKS, "checking")] <= doors, per_token[(CHECKS, "checking")]
+
+
+def test_debug_mode_checks_inside_the_loop_and_changes_no_token():
+    model = tiny_models()["gpt"]
+    prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(1))
+    quiet = generate(model, prompt, max_new_tokens=6, temperature=0.9, generator=torch.Generator().manual_seed(0))
+    before = checks.debug()
+    try:
+        checks.debug(True)
+        per_token = calls_per_token(model, prompt, temperature=0.9)
+        loud = generate(model, prompt, max_new_tokens=6, temperature=0.9, generator=torch.Generator().manual_seed(0))
+    finally:
+        checks.debug(before)
+    assert helpers(per_token), "in debug mode the doors inside the loop check again"
+    assert torch.equal(quiet, loud)
+
+
+def test_a_layer_called_directly_is_still_checked():
+    # outside lib's own loops every door checks: a student calling a layer gets the clear error
+    cache = KVCache(batch_size=1, n_kv_heads=2, max_len=8, head_dim=4)
+    with pytest.raises(ValueError, match="start must be <= the cache length"):
+        cache.update(3, torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    with pytest.raises(ValueError, match="head dim D"):
+        attention(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 5), torch.zeros(1, 2, 3, 5))
