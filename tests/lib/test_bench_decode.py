@@ -4,16 +4,15 @@ writes a record with both ratios and the profile."""
 
 import json
 
+import tiny_models
 import torch
 
 import lib.course.bench.decode as bench
 from lib.decode import generate
-from lib.llama import Llama, LlamaConfig
 
 
 def tiny():
-    torch.manual_seed(0)
-    return Llama(LlamaConfig.tiny(vocab_size=80, tie_word_embeddings=False)).eval()
+    return tiny_models.llama(vocab_size=80, tie_word_embeddings=False)
 
 
 def test_the_baseline_holds_our_weights():

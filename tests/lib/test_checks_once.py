@@ -7,15 +7,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import tiny_models
 import torch
 
 import lib
 import lib._checks as checks
 from lib.attention import attention
 from lib.decode import generate
-from lib.gpt import GPT, GPTConfig
 from lib.kv_cache import KVCache
-from lib.llama import Llama, LlamaConfig
 
 LIB = str(Path(lib.__file__).resolve().parent)
 CHECKS = str(Path(checks.__file__).resolve())
@@ -52,17 +51,14 @@ def helpers(per_token: Counter) -> dict:
     }
 
 
-def tiny_models():
-    torch.manual_seed(0)
-    gpt = GPT(GPTConfig.tiny(vocab_size=50, n_layer=4, n_embd=32, block_size=64)).eval()
-    llama = Llama(LlamaConfig.tiny(vocab_size=50, n_layer=4)).eval()
-    return {"gpt": gpt, "llama": llama}
+def models():
+    return {"gpt": tiny_models.gpt(vocab_size=50, n_embd=32), "llama": tiny_models.llama(vocab_size=50, n_layer=4)}
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama"])
 @pytest.mark.parametrize("knobs", [{"temperature": 0.0}, {"temperature": 0.8, "top_k": 5, "top_p": 0.9}])
 def test_a_decoded_token_runs_no_check_only_one_guard_per_door(name, knobs):
-    model = tiny_models()[name]
+    model = models()[name]
     prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(1))
     per_token = calls_per_token(model, prompt, **knobs)
     assert helpers(per_token) == {}
@@ -75,7 +71,7 @@ def test_a_decoded_token_runs_no_check_only_one_guard_per_door(name, knobs):
 
 
 def test_debug_mode_checks_inside_the_loop_and_changes_no_token():
-    model = tiny_models()["gpt"]
+    model = models()["gpt"]
     prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(1))
     quiet = generate(model, prompt, max_new_tokens=6, temperature=0.9, generator=torch.Generator().manual_seed(0))
     before = checks.debug()

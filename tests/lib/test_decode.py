@@ -3,21 +3,17 @@ the same protocol, cached exactly as recomputed; decode_state_bytes is the bytes
 caches really allocate."""
 
 import pytest
+import tiny_models
 import torch
 
 from lib.course.precision import default_dtype
 from lib.decode import Decoder, decode_state_bytes, generate
 from lib.gpt import GPT, GPTConfig
-from lib.hybrid import HybridGPT
 from lib.kv_cache import KVCache
 from lib.mamba import MambaConfig, MambaLM, state_bytes
 from lib.moe_lm import moe_gpt
 
-
-def tiny_hybrid(pattern="MAM"):
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=20, block_size=48, n_layer=len(pattern), n_head=4, n_embd=32, positions="rope")
-    return HybridGPT(config, pattern, MambaConfig(vocab_size=20, d_model=32, n_layers=1, d_state=8)).eval()
+tiny_hybrid = tiny_models.hybrid
 
 
 def decoders() -> dict:

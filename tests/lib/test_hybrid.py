@@ -2,6 +2,7 @@
 the pattern alone decides the layers."""
 
 import pytest
+import tiny_models
 import torch
 
 from lib.decode import generate
@@ -10,11 +11,7 @@ from lib.hybrid import HybridGPT
 from lib.kv_cache import KVCache
 from lib.mamba import MambaConfig, MixerCache
 
-
-def tiny_hybrid(pattern="MAM", positions="rope", seed=0):
-    torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=20, block_size=48, n_layer=len(pattern), n_head=4, n_embd=32, positions=positions)
-    return HybridGPT(config, pattern, MambaConfig(vocab_size=20, d_model=32, n_layers=1, d_state=8)).eval()
+tiny_hybrid = tiny_models.hybrid
 
 
 @pytest.mark.parametrize("pattern", ["MAM", "AM", "MMMA", "M", "A"])

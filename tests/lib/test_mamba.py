@@ -5,6 +5,7 @@ states are the layer's own recurrence; bad inputs are refused clearly."""
 import math
 
 import pytest
+import tiny_models
 import torch
 import torch.nn.functional as F
 from scan_builders import one_thread  # noqa: F401  (an autouse fixture: one thread for tiny tensors)
@@ -33,9 +34,7 @@ def test_non_selective_layer_is_a_convolution_of_its_own_kernel():
     assert torch.equal(d1, d2) and torch.equal(B1, B2) and torch.equal(C1, C2)  # not input-dependent
 
 
-def tiny_model(seed=0, **changes) -> MambaLM:
-    torch.manual_seed(seed)
-    return MambaLM(MambaConfig.tiny(d_model=32, n_layers=2, **changes)).eval()
+tiny_model = tiny_models.mamba  # width 32, 2 layers
 
 
 @pytest.mark.parametrize("changes", [{}, {"chunk_size": 4}, {"selective": False}, {"norm": "layer", "d_conv": 2}])

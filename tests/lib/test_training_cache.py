@@ -4,6 +4,7 @@ anything the result depends on is never replayed."""
 import copy
 
 import pytest
+import tiny_models
 import torch
 
 import lib.moe_lm
@@ -20,8 +21,7 @@ KW = dict(steps=6, batch_size=4, seq_len=16, lr=3e-3, seed=0)
 
 
 def tiny_gpt(**changes) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig.tiny(vocab_size=23, n_layer=1, n_embd=16, n_head=2, block_size=16, **changes))
+    return tiny_models.gpt(vocab_size=23, n_layer=1, n_embd=16, n_head=2, block_size=16, **changes).train()
 
 
 def entries(root):
