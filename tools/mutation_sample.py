@@ -214,7 +214,7 @@ def run(repo: Path, m: Mutant, python: str, timeout: int) -> dict:
     try:
         path.write_text(mutated)
         env = dict(os.environ, PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1")
-        cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "2", *m.tests]
+        cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests]  # one process: -x then exits 1
         try:
             done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
             result = (
