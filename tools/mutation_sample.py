@@ -102,11 +102,12 @@ MUTANTS = [
     ),
     M("decode-start", ("lib/decode.py",), "start=T + step,", "start=T + step + 1,", ("tests/lib/test_decode.py",)),
     M("mean-pool-divisor", ("lib/bert.py",), "w.sum(1).clamp_min(1e-9)", "w.shape[1]", ("tests/lib/test_bert.py",)),
-    M(
-        "mlm-mask-share",
+    M(  # 20% random tokens and none left unchanged, where BERT leaves 10% (a wider [MASK] band is invisible:
+        # the random band is written after it)
+        "mlm-random-band",
         ("lib/bert.py",),
-        "to_mask = selected & (choice < 0.8)",
-        "to_mask = selected & (choice < 0.9)",
+        "to_random = selected & (choice >= 0.8) & (choice < 0.9)",
+        "to_random = selected & (choice >= 0.8)",
         ("tests/lib/test_bert.py",),
     ),
     M(
@@ -159,7 +160,13 @@ MUTANTS = [
         "return y + torch.log(torch.expm1(y))",
         ("tests/lib/test_mamba.py",),
     ),
-    M("mamba-conv-padding", ("lib/mamba.py",), "padding=K - 1,", "padding=K // 2,", ("tests/lib/test_mamba.py",)),
+    M(  # the recurrent step's convolution with its window reversed (nn.Conv1d's padding is never used)
+        "mamba-step-conv",
+        ("lib/mamba.py",),
+        "xs = (window * self.conv1d.weight[:, 0]).sum(-1)",
+        "xs = (window * self.conv1d.weight[:, 0].flip(-1)).sum(-1)",
+        ("tests/lib/test_mamba.py",),
+    ),
     M(
         "claims-reproduced",
         ("lib/course/claims.py", "lib/claims.py"),

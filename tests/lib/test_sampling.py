@@ -92,6 +92,18 @@ def test_top_p_always_keeps_the_most_probable_token(p):
         assert (kept.sum(-1) == 1).all()
 
 
+def test_top_p_at_exactly_the_boundary_cuts_what_lies_ahead_of_p():
+    # probabilities 0.5, 0.25, 0.25 exactly (powers of two survive softmax and cumsum unrounded), in
+    # fp32 and fp64. At p = 0.5 the top token alone holds p: the two behind it have 0.5 ahead of
+    # them, not less than p, so both are cut (a `>=` in place of `>` keeps them); at p = 0.75 they
+    # have 0.5 ahead, less than p, and both stay.
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor([0.0, math.log(2.0), 0.0], dtype=dtype)
+        assert torch.softmax(x, -1).tolist() == [0.25, 0.5, 0.25]
+        assert torch.isfinite(top_p_filter(x, 0.5)).tolist() == [False, True, False]
+        assert torch.isfinite(top_p_filter(x, 0.75)).tolist() == [True, True, True]
+
+
 def test_top_p_of_one_keeps_everything_even_underflowing_tokens():
     x = torch.tensor([[0.0, -1e4, -50.0, 3.0], [float("-inf"), 1.0, 2.0, 2.0]])
     assert torch.equal(top_p_filter(x, 1.0), x)
