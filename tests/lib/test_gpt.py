@@ -31,9 +31,8 @@ def hf_gpt2(seed=0, **changes):
     )
     cfg.update(changes)
     model = GPT2LMHeadModel(GPT2Config(**cfg)).eval()
-    with (
-        torch.no_grad()
-    ):  # HF zero-initialises biases and LayerNorms: perturb them so a mixed-up bias or transpose shows
+    # HF zero-initialises biases and LayerNorms: perturb them so a mixed-up bias or transpose shows
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or ".ln_" in name:
                 p.add_(0.1 * torch.randn_like(p))
