@@ -68,9 +68,8 @@ def checking() -> bool:
     return _debug or not getattr(_local, "trusted", False)
 
 
-def scan_values() -> bool:
-    """Whether a value scan should run here: where `checking()` says (a door that checks scans too)."""
-    return _debug or not getattr(_local, "trusted", False)
+# Whether a value scan should run here: where `checking()` says (a door that checks scans too).
+scan_values = checking
 
 
 def require_tensor(name: str, x, *, floating: bool = False) -> torch.Tensor:
