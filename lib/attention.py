@@ -30,15 +30,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib._checks import (
-    checking,
-    require_int,
-    require_rank,
-    require_real,
-    require_same,
-    require_tensor,
-    scan_values,
-)
+from lib._checks import door
 from lib.masks import causal_mask
 
 __all__ = [
@@ -55,87 +47,21 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- input checks
-def _check_qkv(q, k, v) -> None:
-    """Check q, k, v (v=None: only q and k, for the score and weight functions)."""
-    if v is None:
-        require_tensor("k", k, floating=True)
-        v = k
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        require_tensor(name, x, floating=True)
-    require_rank("q", q, 4, "(B, H, T, D)")
-    require_rank("k", k, 4, "(B, H_kv, S, D)")
-    require_rank("v", v, 4, "(B, H_kv, S, D_v)")
-    require_same(("q", "k", "v"), (q, k, v), "dtype")
-    require_same(("q", "k", "v"), (q, k, v), "device")
-    B, H, T, D = q.shape
-    if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(
-            f"q, k, v must share the batch size B, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
-        raise ValueError(
-            f"k (B, H_kv, S, D) and v (B, H_kv, S, D_v) must agree on H_kv and S, got k {tuple(k.shape)}, v "
-            f"{tuple(v.shape)}"
-        )
-    if k.shape[3] != D:
-        raise ValueError(
-            f"q and k must share the head dim D, got q {tuple(q.shape)} (D={D}), k {tuple(k.shape)} (D={k.shape[3]})"
-        )
-    H_kv = k.shape[1]
-    if H % H_kv != 0:
-        raise ValueError(
-            f"the query heads H={H} must be a multiple of the key/value heads H_kv={H_kv} (q "
-            f"{tuple(q.shape)}, k {tuple(k.shape)})"
-        )
-    if 0 in q.shape or 0 in k.shape or 0 in v.shape:
-        raise ValueError(
-            f"q, k, v must have no empty dimension, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-
-
-def _check_mask(mask, q: torch.Tensor, k: torch.Tensor) -> None:
-    """An additive mask: floating, on q's device, (T, S) or broadcasting to (B, H, T, S)."""
-    if mask is None:
-        return
-    require_tensor("mask", mask)
-    if mask.dtype == torch.bool:
-        raise TypeError(
-            "mask must be an additive floating mask (0 = attend, -inf = blocked), got torch.bool; "
-            "convert with lib.masks.additive_from_bool(keep)"
-        )
-    if not mask.is_floating_point():
-        raise TypeError(f"mask must be an additive floating mask (0 = attend, -inf = blocked), got {mask.dtype}")
-    if mask.device != q.device:
-        raise ValueError(f"mask must be on q's device {q.device}, got {mask.device}")
-    B, H, T, _ = q.shape
-    S = k.shape[2]
-    if mask.dim() not in (2, 4):
-        raise ValueError(
-            f"mask must have shape (T, S) or broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)}"
-        )
-    m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-    for size, want, dim_name in zip(m4.shape, (B, H, T, S), "BHTS"):
-        if size not in (1, want):
-            raise ValueError(
-                f"mask must broadcast to (B, H, T, S) = {(B, H, T, S)}, got {tuple(mask.shape)} "
-                f"(dim {dim_name} is {size}, expected 1 or {want})"
-            )
-    if scan_values() and (bool(torch.isnan(m4).any()) or bool(torch.isposinf(m4).any())):
-        raise ValueError("mask must hold finite values or -inf (no NaN, no +inf)")
-
-
-def _check_common(q, k, v, mask, causal, scale) -> None:
-    _check_qkv(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(
-            f"causal attention needs T <= S (queries are the last positions), got T={q.shape[2]}, S={k.shape[2]}"
-        )
-    _check_mask(mask, q, k)
-    if scale is not None:
-        require_real("scale", scale, above=0, note=" or None (meaning 1/sqrt(D))")
+# --------------------------------------------------------------------------- the contract
+# One door for the family; a function without v (or mask) leaves those out (see lib._checks.door).
+_ATTENTION = door(
+    q="float (B, H, T, D)",
+    k="float (B, H_kv, S, D)",
+    v="float (B, H_kv, S, D_v)",
+    mask="additive (T, S) | (B?, H?, T?, S?) | None",
+    causal="bool",
+    scale="real > 0 | None",
+    same_dtype="q k v",
+    where={
+        "H % H_kv == 0": "the query heads H must be a multiple of the key/value heads H_kv",
+        "not causal or T <= S": "causal attention needs T <= S (the queries are the last T of S positions)",
+    },
+)
 
 
 def _scale(q: torch.Tensor, scale: float | None) -> float:
@@ -155,10 +81,9 @@ def _expand_kv(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- reference
+@door(scores="float (..., S)", dim="int")
 def safe_softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax that maps a row of all −inf to all zeros instead of NaN (otherwise identical)."""
-    if checking():
-        require_tensor("scores", scores, floating=True)
     row_max = scores.amax(dim=dim, keepdim=True)
     row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
     e = torch.exp(scores - row_max)  # exp(-inf) == 0 exactly
@@ -166,18 +91,16 @@ def safe_softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return e / torch.where(denom == 0, torch.ones_like(denom), denom)
 
 
+@_ATTENTION
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """The raw scores QKᵀ·scale, (B, H, T, S), before any mask. scale defaults to 1/√D."""
-    if checking():
-        _check_common(q, k, None, None, False, scale)
     return (q @ _expand_kv(q, k).transpose(-2, -1)) * _scale(q, scale)  # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
 
 
+@_ATTENTION
 def attention_weights(q, k, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """softmax(QKᵀ·scale + M) as a (B, H, T, S) tensor, with fully masked rows all zero; the
     weights `attention_ref` multiplies V by (computed in fp32 for fp16/bf16)."""
-    if checking():
-        _check_common(q, k, None, mask, causal, scale)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     scores = (q.to(work) @ _expand_kv(q, k).to(work).transpose(-2, -1)) * _scale(q, scale)  # (B, H, T, S)
     if mask is not None:
@@ -187,6 +110,7 @@ def attention_weights(q, k, mask=None, causal: bool = False, scale: float | None
     return safe_softmax(scores, dim=-1)
 
 
+@_ATTENTION
 def attention_ref(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """softmax(QKᵀ·scale + M)V with the whole (T, S) matrix in memory; fp32 math for fp16/bf16.
 
@@ -194,8 +118,6 @@ def attention_ref(q, k, v, mask=None, causal: bool = False, scale: float | None 
     is additive, (T, S) or broadcasting to (B, H, T, S); `causal` lets query t (the queries are the
     last T of S positions) see keys up to S - T + t. K and V with fewer heads serve H / H_kv queries.
     """
-    if checking():
-        _check_common(q, k, v, mask, causal, scale)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     T, S = q.shape[2], k.shape[2]
     scores = (q.to(work) @ _expand_kv(q, k).to(work).transpose(-2, -1)) * _scale(q, scale)  # (B, H, T, S)
@@ -207,6 +129,7 @@ def attention_ref(q, k, v, mask=None, causal: bool = False, scale: float | None 
     return (weights @ _expand_kv(q, v).to(work)).to(q.dtype)  # (B, H, T, S) @ (B, H, S, D_v)
 
 
+@_ATTENTION.plus(grad_out="float (B, H, T, D_v)")
 def attention_backward_ref(q, k, v, grad_out, mask=None, causal: bool = False, scale: float | None = None):
     """The gradients of `attention_ref` by their formulas, as a FlashAttention backward computes
     them (Dao 2023, FlashAttention-2, Algorithm 2), here with whole (T, S) matrices:
@@ -222,14 +145,6 @@ def attention_backward_ref(q, k, v, grad_out, mask=None, causal: bool = False, s
     (dq, dk, dv) shaped like q, k, v (grouped-query heads summed into their key/value head), in
     their dtypes, computed in fp32 (fp64 if given fp64). A fully masked row gets zero gradients.
     """
-    if checking():
-        _check_common(q, k, v, mask, causal, scale)
-        require_tensor("grad_out", grad_out, floating=True)
-        want = (*q.shape[:3], v.shape[-1])
-        if tuple(grad_out.shape) != want:
-            raise ValueError(
-                f"grad_out must have the output's shape (B, H, T, D_v) = {want}, got {tuple(grad_out.shape)}"
-            )
     scale, m4 = _scale(q, scale), _as_4d(mask, q.dtype)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     qw, kw, vw, dO = (t.to(work) for t in (q, _expand_kv(q, k), _expand_kv(q, v), grad_out))
@@ -255,6 +170,13 @@ def attention_backward_ref(q, k, v, grad_out, mask=None, causal: bool = False, s
 
 
 # --------------------------------------------------------------------------- chunked
+@door(
+    m="float (..., R, 1)",
+    l="float (..., R, 1)",
+    acc="float (..., R, D_v)",
+    scores="float (..., R, bk)",
+    values="float (..., bk, D_v)",
+)
 def online_softmax_update(
     m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -266,7 +188,6 @@ def online_softmax_update(
     acc / l == softmax(all scores so far) @ (all values so far). Start from m = -inf, l = 0,
     acc = 0. A row with no visible key yet (all -inf so far) keeps l = 0 and acc = 0.
     """
-    _check_online(m, l, acc, scores, values)
     m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
     m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
     p = torch.exp(scores - m_safe)  # (..., R, bk)
@@ -276,24 +197,7 @@ def online_softmax_update(
     return m_new, l, acc
 
 
-def _check_online(m, l, acc, scores, values) -> None:
-    for name, x in (("m", m), ("l", l), ("acc", acc), ("scores", scores), ("values", values)):
-        require_tensor(name, x, floating=True)
-    if (
-        m.shape != l.shape
-        or m.shape[-1:] != (1,)
-        or m.shape[:-1] != scores.shape[:-1]
-        or acc.shape[:-1] != scores.shape[:-1]
-        or values.shape[-2] != scores.shape[-1]
-        or acc.shape[-1] != values.shape[-1]
-    ):
-        raise ValueError(
-            f"online_softmax_update needs m, l (..., R, 1), acc (..., R, D_v), scores (..., R, bk), "
-            f"values (..., bk, D_v); got m {tuple(m.shape)}, l {tuple(l.shape)}, acc {tuple(acc.shape)}, "
-            f"scores {tuple(scores.shape)}, values {tuple(values.shape)}"
-        )
-
-
+@_ATTENTION.plus(block_q="int >= 1", block_k="int >= 1")
 def attention_chunked(
     q, k, v, mask=None, causal: bool = False, scale: float | None = None, *, block_q: int = 64, block_k: int = 64
 ) -> torch.Tensor:
@@ -304,10 +208,6 @@ def attention_chunked(
     larger maximum rescales what came before by exp(m_old - m_new). Under `causal`, key blocks
     entirely in a query block's future are skipped: the work a flash kernel saves.
     """
-    if checking():
-        _check_common(q, k, v, mask, causal, scale)
-        require_int("block_q", block_q, minimum=1)
-        require_int("block_k", block_k, minimum=1)
     scale, m4 = _scale(q, scale), _as_4d(mask, q.dtype)
     B, H, T, D = q.shape
     S, D_v = k.shape[2], v.shape[3]
@@ -340,9 +240,8 @@ def attention_chunked(
 
 
 # --------------------------------------------------------------------------- SDPA and dispatch
+@_ATTENTION
 def _attention_sdpa(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
-    if checking():
-        _check_common(q, k, v, mask, causal, scale)
     scale, m4 = _scale(q, scale), _as_4d(mask, q.dtype)
     T, S = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
@@ -390,17 +289,14 @@ def attention(q, k, v, mask=None, causal: bool = False, scale: float | None = No
 
 
 # --------------------------------------------------------------------------- Triton (lesson 05)
+_TRITON_TAKES = (
+    "backend='triton' takes only self-attention (T == S, H_kv == H, D_v == D), causal or no mask (sdpa takes any)"
+)
+
+
+@_ATTENTION.plus(where={"mask is None and T == S and H == H_kv and D_v == D": _TRITON_TAKES})
 def _attention_triton(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """lib.kernels.flash_attention behind the door: causal or no mask, self-attention shapes only."""
-    if checking():
-        _check_common(q, k, v, mask, causal, scale)
-    if mask is not None:
-        raise ValueError("the Triton kernel supports causal or no mask; pass backend='sdpa' for arbitrary masks")
-    if q.shape[2] != k.shape[2] or q.shape[1] != k.shape[1] or v.shape[3] != q.shape[3]:
-        raise ValueError(
-            f"the Triton kernel supports self-attention only (T == S, H_kv == H, D_v == D), got "
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; pass backend='sdpa'"
-        )
     from lib.kernels import flash_attention  # imported here: lib.attention must not need triton
 
     return flash_attention(q, k, v, causal=causal, sm_scale=scale)

@@ -5,7 +5,8 @@
 
 Code lines are the module's lines that are neither blank, nor comments, nor docstrings.
 Validation lines are the code lines of functions named `_check*`, `check_*` or `require_*`, of
-`if checking():` blocks, and of `raise` statements elsewhere (their whole statement). A maintainer's
+`if checking():` blocks, of declared contracts (`door(...)`, `.plus(...)`, as decorators or
+assigned) and of `raise` statements elsewhere (their whole statement). A maintainer's
 measure, not a test: it prints a table.
 """
 
@@ -46,6 +47,11 @@ def _is_checking_guard(node: ast.AST) -> bool:
     )
 
 
+def _is_declaration(node: ast.AST) -> bool:
+    """A declared contract: `door(...)` or `<contract>.plus(...)`, as a decorator or assigned."""
+    return isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("door", "plus")
+
+
 def measure(path: Path) -> dict:
     source = path.read_text()
     tree = ast.parse(source)
@@ -58,7 +64,7 @@ def measure(path: Path) -> dict:
             node.name.startswith(("_check", "check_", "require_"))
         ):
             validation |= _span(node)
-        elif _is_checking_guard(node) or isinstance(node, ast.Raise):
+        elif _is_checking_guard(node) or isinstance(node, ast.Raise) or _is_declaration(node):
             validation |= _span(node)
     validation &= code
     return {"lines": len(text), "code": len(code), "validation": len(validation)}

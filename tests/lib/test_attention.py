@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from refusals import assert_refuses, rows
 
 from lib.attention import (
     BACKENDS,
@@ -199,44 +200,144 @@ def test_auto_backend_is_sdpa_and_registered_backends_are_dispatched():
 
 
 q0, k0, v0 = qkv(B=2, H=4, T=6, D=8)
+_TYPES = "(float16, bfloat16, float32 or float64)"
+_TRITON = "backend='triton' takes only self-attention (T == S, H_kv == H, D_v == D), causal or no mask (sdpa takes any)"
+_ADDITIVE = "mask must be an additive floating mask (0 = attend, -inf = blocked), got torch"
+ATTENTION_REFUSALS = [
+    ("q", q0[0], ValueError, "q must have shape (B, H, T, D) (4 dims), got (4, 6, 8)"),
+    ("q", q0[:, :, :0], ValueError, "q must have shape (B, H, T, D) with every size >= 1, got (2, 4, 0, 8)"),
+    ("q", q0.long(), TypeError, f"q must have a floating dtype {_TYPES}, got torch.int64"),
+    ("q", [[1.0]], TypeError, "q must be a torch.Tensor, got list"),
+    ("k", k0[..., :4], ValueError, "k must have shape (B, H_kv, S, D) with D = 8 as in q, got (2, 4, 6, 4)"),
+    ("k, v", (k0[:1], v0[:1]), ValueError, "k must have shape (B, H_kv, S, D) with B = 2 as in q, got (1, 4, 6, 8)"),
+    (
+        "k, v",
+        (k0[:, :3], v0[:, :3]),
+        ValueError,
+        "the query heads H must be a multiple of the key/value heads H_kv, got H=4, H_kv=3",
+    ),
+    ("v", v0[:, :, :5], ValueError, "v must have shape (B, H_kv, S, D_v) with S = 6 as in k, got (2, 4, 5, 8)"),
+    (
+        "v",
+        v0.double(),
+        ValueError,
+        "q, k, v must share one dtype, got q: torch.float32, k: torch.float32, v: torch.float64",
+    ),
+    ("v", v0.to("meta"), ValueError, "v must be on q's device cpu, got meta"),
+    ("mask", torch.zeros(6, 5), ValueError, "mask must have shape (T, S) with S = 6 as in k, got (6, 5)"),
+    (
+        "mask",
+        torch.zeros(2, 3, 6, 6),
+        ValueError,
+        "mask must broadcast to (B, H, T, S) with H = 4 as in q (or 1), got (2, 3, 6, 6)",
+    ),
+    (
+        "mask",
+        torch.zeros(6, 6, 6),
+        ValueError,
+        "mask must have shape (T, S) or broadcast to (B, H, T, S) (2 or 4 dims), got (6, 6, 6)",
+    ),
+    (
+        "mask",
+        torch.ones(6, 6, dtype=torch.bool),
+        TypeError,
+        f"{_ADDITIVE}.bool; convert with lib.masks.additive_from_bool(keep)",
+    ),
+    ("mask", torch.zeros(6, 6, dtype=torch.int32), TypeError, f"{_ADDITIVE}.int32"),
+    ("mask", torch.full((6, 6), float("nan")), ValueError, "mask must hold finite values or -inf (no NaN, no +inf)"),
+    ("mask", torch.zeros(6, 6, device="meta"), ValueError, "mask must be on q's device cpu, got meta"),
+    (
+        "q, k, v, causal",
+        (q0[:, :, :4], k0[:, :, :3], v0[:, :, :3], True),
+        ValueError,
+        "causal attention needs T <= S (the queries are the last T of S positions), got causal=True, T=4, S=3",
+    ),
+    ("causal", 1, TypeError, "causal must be a bool, got int"),
+    ("scale", -1.0, ValueError, "scale must be a finite number > 0 or None, got -1.0"),
+    ("scale", "a", TypeError, "scale must be a real number or None, got str"),
+]
+GOOD = dict(q=q0, k=k0, v=v0, mask=None, causal=False, scale=None)
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(ATTENTION_REFUSALS))
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "chunked"])
+def test_attention_refusals(argument, bad, error, message, backend):
+    assert_refuses(attention, {**GOOD, "backend": backend}, argument, bad, error, message)
 
 
 @pytest.mark.parametrize(
-    "kwargs, error, words",
+    "fn, argument, bad, error, message",
     [
-        (dict(q=q0[0]), ValueError, r"q must have shape \(B, H, T, D\)"),
-        (dict(k=k0[:, :3], v=v0[:, :3]), ValueError, "multiple of the key/value heads"),
-        (dict(k=k0[..., :4]), ValueError, "head dim D"),
-        (dict(v=v0[:, :, :5]), ValueError, "agree on H_kv and S"),
-        (dict(k=k0[:1], v=v0[:1]), ValueError, "batch size"),
-        (dict(q=torch.ones(2, 4, 6, 8, dtype=torch.int64)), TypeError, "q must have a floating dtype"),
-        (dict(v=v0.double()), ValueError, "share one dtype"),
-        (dict(q=[[1.0]]), TypeError, "q must be a torch.Tensor"),
-        (dict(mask=torch.zeros(6, 5)), ValueError, r"mask must broadcast to \(B, H, T, S\)"),
-        (dict(mask=torch.zeros(6, 6, 6)), ValueError, r"mask must have shape \(T, S\)"),
-        (dict(mask=torch.ones(6, 6, dtype=torch.bool)), TypeError, "additive_from_bool"),
-        (dict(mask=torch.zeros(6, 6, dtype=torch.int32)), TypeError, "additive floating mask"),
-        (dict(mask=torch.full((6, 6), float("nan"))), ValueError, "no NaN"),
-        (dict(mask=torch.zeros(6, 6, device="meta")), ValueError, "device"),
-        (dict(q=q0[:, :, :4], k=k0[:, :, :3], v=v0[:, :, :3], causal=True), ValueError, "T <= S"),
-        (dict(causal=1), TypeError, "causal must be a bool"),
-        (dict(scale=-1.0), ValueError, "scale"),
-        (dict(backend="flash"), ValueError, "backend must be"),
+        (attention, "backend", "flash", ValueError, "backend must be 'auto' or one of {}, got 'flash'"),
+        (attention_chunked, "block_q", 0, ValueError, "block_q must be >= 1, got 0"),
+        (attention_chunked, "block_k", 2.5, TypeError, "block_k must be an int, got float"),
+        (
+            attention_backward_ref,
+            "grad_out",
+            torch.zeros(2, 4, 6, 7),
+            ValueError,
+            "grad_out must have shape (B, H, T, D_v) with D_v = 8 as in v, got (2, 4, 6, 7)",
+        ),
+        (attention_backward_ref, "grad_out", None, TypeError, "grad_out must be a torch.Tensor, got NoneType"),
+        (
+            BACKENDS["triton"],
+            "mask",
+            torch.zeros(6, 6),
+            ValueError,
+            f"{_TRITON}, got T=6, S=6, H=4, H_kv=4, D_v=8, D=8",
+        ),
+        (
+            BACKENDS["triton"],
+            "k, v",
+            (k0[:, :2], v0[:, :2]),
+            ValueError,
+            f"{_TRITON}, got T=6, S=6, H=4, H_kv=2, D_v=8, D=8",
+        ),
     ],
 )
-@pytest.mark.parametrize("backend", ["naive", "sdpa", "chunked"])
-def test_bad_input_raises_a_clear_error_naming_the_argument(kwargs, error, words, backend):
-    args = dict(q=q0, k=k0, v=v0, mask=None, causal=False, scale=None, backend=backend)
-    args.update(kwargs)
-    with pytest.raises(error, match=words):
-        attention(**args)
+def test_refusals_of_the_other_arguments(fn, argument, bad, error, message):
+    good = {**GOOD, "grad_out": torch.zeros(2, 4, 6, 8)} if fn is attention_backward_ref else GOOD
+    assert_refuses(fn, good, argument, bad, error, message.format(sorted(BACKENDS)))
 
 
-def test_chunked_rejects_bad_block_sizes():
-    with pytest.raises(ValueError, match="block_q"):
-        attention_chunked(q0, k0, v0, block_q=0)
-    with pytest.raises(TypeError, match="block_k"):
-        attention_chunked(q0, k0, v0, block_k=2.5)
+ONLINE = dict(
+    m=torch.zeros(3, 1), l=torch.zeros(3, 1), acc=torch.zeros(3, 2), scores=torch.zeros(3, 5), values=torch.zeros(5, 2)
+)
+
+
+@pytest.mark.parametrize(
+    "argument, bad, error, message",
+    rows(
+        [
+            (
+                "scores",
+                torch.zeros(4, 5),
+                ValueError,
+                "scores must have shape (..., R, bk) with R = 3 as in m, got (4, 5)",
+            ),
+            (
+                "values",
+                torch.zeros(4, 2),
+                ValueError,
+                "values must have shape (..., bk, D_v) with bk = 5 as in scores, got (4, 2)",
+            ),
+            (
+                "scores",
+                torch.zeros(3, 5, dtype=torch.int64),
+                TypeError,
+                f"scores must have a floating dtype {_TYPES}, got torch.int64",
+            ),
+            (
+                "l",
+                torch.zeros(2, 3, 1),
+                ValueError,
+                "l must have shape (..., R, 1) with ... = () as in m, got (2, 3, 1)",
+            ),
+        ]
+    ),
+)
+def test_online_softmax_update_refusals(argument, bad, error, message):
+    assert_refuses(online_softmax_update, ONLINE, argument, bad, error, message)
 
 
 def test_reference_matches_the_textbook_formula_on_a_hand_sized_case():
@@ -267,16 +368,6 @@ def test_online_softmax_update_keeps_the_invariant_over_ragged_blocks_and_masked
         assert torch.allclose(got, truth, atol=1e-6)  # fp32, <= 11 terms: rounding only
         assert torch.equal(m, seen.amax(-1, keepdim=True))
         assert not torch.isnan(l).any() and torch.all(l[~visible] == 0)
-
-
-def test_online_softmax_update_refuses_mismatched_shapes():
-    m, l, acc = torch.zeros(3, 1), torch.zeros(3, 1), torch.zeros(3, 2)
-    with pytest.raises(ValueError, match=r"scores \(..., R, bk\)"):
-        online_softmax_update(m, l, acc, torch.zeros(4, 5), torch.zeros(5, 2))
-    with pytest.raises(ValueError, match="values"):
-        online_softmax_update(m, l, acc, torch.zeros(3, 5), torch.zeros(4, 2))
-    with pytest.raises(TypeError, match="scores must have a floating dtype"):
-        online_softmax_update(m, l, acc, torch.zeros(3, 5, dtype=torch.int64), torch.zeros(5, 2))
 
 
 # --------------------------------------------------------------------------- the backward, by its formulas
@@ -316,11 +407,3 @@ def test_the_backward_in_fp32_and_half_inputs():
     assert max(err(g, t) for g, t in zip(got, truth)) < 1e-5
     half = attention_backward_ref(*(t.half() for t in (q, k, v, grad_out)), causal=True)
     assert all(h.dtype == torch.float16 for h in half)
-
-
-def test_the_backward_refuses_a_gradient_of_the_wrong_shape():
-    q, k, v = qkv(T=5, D=8)
-    with pytest.raises(ValueError, match=r"grad_out must have the output's shape \(B, H, T, D_v\) = \(2, 4, 5, 8\)"):
-        attention_backward_ref(q, k, v, torch.zeros(2, 4, 5, 7))
-    with pytest.raises(TypeError, match="grad_out must be a torch.Tensor"):
-        attention_backward_ref(q, k, v, None)
