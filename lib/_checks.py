@@ -218,14 +218,17 @@ def require_state_dict_fits(ours: dict, theirs: dict, config_name: str) -> None:
 #     )
 #     def attention_ref(q, k, v, mask=None, causal=False, scale=None): ...math only...
 #
-# Kinds: float, int (int64/int32), bool (a bool, or a bool tensor with a shape), tensor (any dtype),
-# additive (a floating mask of 0 and -inf: no NaN, no +inf), ids (int64/int32 tensor; with `< name`,
-# values in [0, name), name an int argument or an attribute path such as self.config.vocab_size);
-# scalars: "int >= 1", "real > 0", "real >= 0", "bool", "str". A named size must be >= 1. Every
-# tensor must be on the first tensor's device. `where` rules are Python expressions over the sizes
-# and the arguments (sizes win a clash of names), checked in order after the arguments; a rule
-# naming a tensor reads its data (a value scan). A callable stands for a check written out: it is
-# called as check(name, value).
+# Tensor kinds: float, int (int64 or int32), bool, tensor (any dtype), additive (a floating mask of 0
+# and -inf: no NaN, no +inf), ids (int64 or int32, with `< bound` its values in [0, bound), the bound
+# an int argument or an attribute path such as self.config.vocab_size). Layouts: named sizes (each
+# >= 1, the same wherever the name recurs), digits, `_` (any size), `X?` (X or 1), a leading `...`
+# (any leading dims, the same in every tensor). `|` separates alternatives; `| None` allows None.
+# Scalars: "int >= 1", "real > 0", "real >= 0", "bool", "str". Every tensor must be on the first
+# tensor's device. `where` rules are Python expressions over the sizes, the arguments (sizes win a
+# clash of names) and the declaring module's globals, checked in order after the arguments; a rule
+# naming a tensor reads its data (a value scan). A failed rule's message is followed by the values
+# it names ("..., got H=4, H_kv=3"), or is an f-string over the same names. A callable stands for a
+# check written out: it is called as check(name, value). Arguments are checked in declared order.
 _KINDS = {"float", "int", "bool", "tensor", "additive", "ids"}
 _SCALARS = {"int", "real", "bool", "str"}
 
@@ -374,6 +377,8 @@ class door:
                     for n in code.co_names
                     if n in dims or isinstance(scope.get(n), (int, float, str))
                 )
+                if "{" in says:  # the message is an f-string over the sizes and arguments
+                    raise ValueError(eval("f" + repr(says), self.scope, scope))
                 raise ValueError(f"{says}, got {shown}" if shown else says)
         return dims
 

@@ -49,7 +49,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib._checks import checking, inputs_checked, require_int, require_rank, require_tensor, scan_values
+from lib._checks import door, inputs_checked, require_int, require_tensor
 from lib.kernels.runtime import require_kernel_device, work_dtype
 
 __all__ = [
@@ -67,69 +67,41 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- input checks
+# --------------------------------------------------------------------------- the contract
+_NEGATIVE_A = (
+    "A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; A >= 0 makes "
+    "the state grow without bound (got max {A.max().item():.4g}). Mamba stores A = -exp(A_log)."
+)
+_STEP = "delta if delta_bias is None else delta + delta_bias"
+_POSITIVE_STEP = (
+    "delta{' + delta_bias' if delta_bias is not None else ''} must be >= 0: it is a step size Δ (Mamba makes "
+    "it positive with softplus: pass delta_softplus=True), got min {(" + _STEP + ").min().item():.4g}"
+)
+# Every form of the scan (and lib.ssd) takes this door; in rules, B and D are sizes, not the tensors.
+SCAN_CONTRACT = door(
+    x="float (B, L, D)",
+    delta="float (B, L, D)",
+    A="float (D, N)",
+    B="float (B, L, N)",
+    C="float (B, L, N)",
+    D="float (D,) | None",
+    h0="float (B, D, N) | None",
+    z="float (B, L, D) | None",
+    delta_bias="float (D,) | None",
+    delta_softplus="bool",
+    return_state="bool",
+    where={
+        "bool((A < 0).all())": _NEGATIVE_A,
+        "not delta_softplus or not torch.isnan(delta.min())": "delta must not be NaN",
+        f"delta_softplus or bool(({_STEP}).min() >= 0)": _POSITIVE_STEP,
+    },
+)
+
+
 def check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, delta_softplus=False) -> None:
-    """The scan contract, which every form of the scan checks at its door (`lib.ssd` too): shapes
-    x, delta, z (B, L, D); A (D, N) < 0; B, C (B, L, N); D, delta_bias (D,); h0 (B, D, N);
-    delta (+ delta_bias) >= 0 unless delta_softplus."""
-    for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C)):
-        require_tensor(name, t, floating=True)
-    require_rank("x", x, 3, "(B, L, D)")
-    b, l, d = x.shape
-    if b == 0 or l == 0 or d == 0:
-        raise ValueError(f"x must have shape (B, L, D) with every size >= 1, got {tuple(x.shape)}")
-    require_rank("A", A, 2, "(D, N)")
-    n = A.shape[1]
-    wanted = {
-        "delta": (delta, "(B, L, D)", (b, l, d), "like x"),
-        "A": (A, "(D, N)", (d, n), "with D = x.shape[-1]"),
-        "B": (B, "(B, L, N)", (b, l, n), "with N = A.shape[1]"),
-        "C": (C, "(B, L, N)", (b, l, n), "like B"),
-    }
-    if D is not None:
-        require_tensor("D", D, floating=True)
-        wanted["D"] = (D, "(D,)", (d,), "(one skip weight per channel)")
-    if h0 is not None:
-        require_tensor("h0", h0, floating=True)
-        wanted["h0"] = (h0, "(B, D, N)", (b, d, n), "(the state before position 0)")
-    if z is not None:
-        require_tensor("z", z, floating=True)
-        wanted["z"] = (z, "(B, L, D)", (b, l, d), "like x (the gate: y ⊙ silu(z))")
-    if delta_bias is not None:
-        require_tensor("delta_bias", delta_bias, floating=True)
-        wanted["delta_bias"] = (delta_bias, "(D,)", (d,), "(one bias per channel, added to delta)")
-    if not isinstance(delta_softplus, bool):
-        raise TypeError(f"delta_softplus must be a bool, got {type(delta_softplus).__name__}")
-    for name, (t, layout, shape, note) in wanted.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {layout} = {shape} {note}, got {tuple(t.shape)}")
-    devices = {name: t.device for name, (t, *_) in wanted.items()}
-    if any(dev != x.device for dev in devices.values()):
-        raise ValueError(
-            f"x, delta, A, B, C (and D, h0) must share one device, got x: {x.device}, "
-            + ", ".join(f"{k}: {v}" for k, v in devices.items())
-        )
-    if n == 0:
-        raise ValueError("A must have shape (D, N) with N >= 1 state entries per channel, got N = 0")
-    if not scan_values():  # the value scans below read the data (see lib._checks)
-        return
-    if not bool((A < 0).all()):
-        raise ValueError(
-            "A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; "
-            f"A >= 0 makes the state grow without bound (got max {A.max().item():.4g}). "
-            "Mamba stores A = -exp(A_log)."
-        )
-    if delta_softplus:  # any real delta: softplus makes the step size positive; NaN still fails
-        if torch.isnan(delta.min()):
-            raise ValueError("delta must not be NaN")
-        return
-    step = delta if delta_bias is None else delta + delta_bias
-    if not bool(step.min() >= 0):  # one reduction, no boolean copy; NaN fails too (min is NaN)
-        raise ValueError(
-            f"delta{' + delta_bias' if delta_bias is not None else ''} must be >= 0: it is a step "
-            f"size Δ (Mamba makes it positive with softplus: pass delta_softplus=True), "
-            f"got min {step.min().item():.4g}"
-        )
+    """The scan contract (`SCAN_CONTRACT`) checked now, for a caller with its own door (lib.mamba)."""
+    args = dict(x=x, delta=delta, A=A, B=B, C=C, D=D, h0=h0, z=z, delta_bias=delta_bias)
+    SCAN_CONTRACT.check(**args, delta_softplus=delta_softplus, return_state=False)
 
 
 def _step_sizes(delta: torch.Tensor, delta_bias, delta_softplus: bool) -> torch.Tensor:
@@ -151,6 +123,7 @@ def _finish(y: torch.Tensor, x: torch.Tensor, D, h: torch.Tensor, return_state: 
 
 
 # --------------------------------------------------------------------------- the pieces
+@door(A="float (D, N)", delta="float (..., D)", B="float (..., N)")
 def discretize(delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba's discretisation: Ā = exp(Δ·A) (zero-order hold), B̄ = Δ·B (Euler; Mamba §2 and the
     official `selective_scan_ref` simplify ZOH's B̄ = (ΔA)⁻¹(exp(ΔA) − I)·ΔB to this).
@@ -158,16 +131,6 @@ def discretize(delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> tuple[t
     delta (..., D), A (D, N), B (..., N) with the same leading dims -> Ā, B̄ (..., D, N). With
     delta (B, L, D) and B (B, L, N) that is per (b, l, d, n); with delta (D,), B (N,) the LTI case.
     """
-    for name, t in (("delta", delta), ("A", A), ("B", B)):
-        require_tensor(name, t, floating=True)
-    require_rank("A", A, 2, "(D, N)")
-    if delta.dim() == 0 or delta.shape[-1] != A.shape[0]:
-        raise ValueError(f"delta must have shape (..., D) with D = A.shape[0] = {A.shape[0]}, got {tuple(delta.shape)}")
-    if B.dim() == 0 or B.shape[-1] != A.shape[1] or B.shape[:-1] != delta.shape[:-1]:
-        raise ValueError(
-            f"B must have shape (..., N) = {(*delta.shape[:-1], A.shape[1])} (delta's leading dims, "
-            f"N = A.shape[1]), got {tuple(B.shape)}"
-        )
     A_bar = torch.exp(delta.unsqueeze(-1) * A)  # (..., D, 1) * (D, N) -> (..., D, N)
     B_bar = delta.unsqueeze(-1) * B.unsqueeze(-2)  # (..., D, 1) * (..., 1, N) -> (..., D, N)
     return A_bar, B_bar
@@ -189,6 +152,7 @@ def scan_combine(
 
 
 # --------------------------------------------------------------------------- the scans
+@SCAN_CONTRACT
 def selective_scan_ref(
     x: torch.Tensor,
     delta: torch.Tensor,
@@ -217,8 +181,6 @@ def selective_scan_ref(
     y_t = C_t · h, the outputs stacked once (unbound slices, nothing written in place: indexing a
     growing tensor inside the loop would make autograd's backward quadratic in L).
     """
-    if checking():
-        check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     dtype, wt = x.dtype, work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
     x, delta, A, B, C = (t.to(wt) for t in (x, delta, A, B, C))
     if delta_bias is not None:
@@ -264,6 +226,18 @@ def default_chunk_size(L: int) -> int:
     return min(L, max(4, 2 ** math.floor(math.log2(math.sqrt(L / 2)) + 0.5)))  # the nearest power of two
 
 
+@SCAN_CONTRACT.plus(
+    chunk_size="int >= 1 | None",
+    impl="str",
+    threads="int >= 1 | None",
+    where={
+        "impl in SCANS": "impl must be one of {tuple(SCANS)}, got {impl!r}",
+        "chunk_size is None or impl in ('auto', 'chunked')": "chunk_size is for impl='chunked' (impl={impl!r} "
+        "has no chunks); leave it None",
+        "threads is None or impl == 'cpu'": "threads is for impl='cpu' (the fused C loop), got "
+        "impl={impl!r}; leave it None",
+    },
+)
 def selective_scan(
     x: torch.Tensor,
     delta: torch.Tensor,
@@ -312,29 +286,10 @@ def selective_scan(
     work and memory of the scan itself (2 GB at L = 4096, Lc = 64 for the benchmark's sizes), and it
     measured slower than the plain loop on a CPU. The form above does the linear amount of work.
     """
-    check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
-    if impl not in SCANS:
-        raise ValueError(f"impl must be one of {tuple(SCANS)}, got {impl!r}")
-    _check_return_state(return_state)
-    opts = {}
-    if chunk_size is not None:
-        require_int("chunk_size", chunk_size, minimum=1)
-        if impl not in ("auto", "chunked"):
-            raise ValueError(f"chunk_size is for impl='chunked' (impl={impl!r} has no chunks); leave it None")
-        opts["chunk_size"] = chunk_size
-    if threads is not None:
-        require_int("threads", threads, minimum=1)
-        if impl != "cpu":
-            raise ValueError(f"threads is for impl='cpu' (the fused C loop), got impl={impl!r}; leave it None")
-        opts["threads"] = threads
+    opts = {k: v for k, v in (("chunk_size", chunk_size), ("threads", threads)) if v is not None}
     return SCANS[impl](
         x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus, **opts
     )
-
-
-def _check_return_state(return_state) -> None:
-    if not isinstance(return_state, bool):
-        raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
 
 
 def _uses_cpu_kernel(tensors, chunk_size) -> bool:
@@ -443,6 +398,7 @@ def _scan_chunked(
     return _finish(y, x_, D, carry.transpose(1, 2).contiguous(), return_state, x.dtype, z)  # state (B, D, N)
 
 
+@SCAN_CONTRACT
 def parallel_scan_ref(
     x: torch.Tensor,
     delta: torch.Tensor,
@@ -464,7 +420,6 @@ def parallel_scan_ref(
     (1, 0) stand in before position 0). It does L·log2(L) combines instead of L, and every round
     writes new (B, L, D, N) tensors (autograd keeps them all): a teaching implementation.
     """
-    check_scan_inputs(x, delta, A, B, C, D, h0, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     return _scan_parallel(
         x, delta, A, B, C, D, h0, return_state, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus
     )
@@ -585,22 +540,12 @@ def _scan_ref(x, delta, A, B, C, D, h0, return_state, **extras):
 
 
 def _scan_triton(x, delta, A, B, C, D, h0, return_state, *, z=None, delta_bias=None, delta_softplus=False):
-    for name, t in (
-        ("x", x),
-        ("delta", delta),
-        ("A", A),
-        ("B", B),
-        ("C", C),
-        ("D", D),
-        ("h0", h0),
-        ("z", z),
-        ("delta_bias", delta_bias),
-    ):
-        if t is not None and t.dtype == torch.float64:
-            raise TypeError(
-                f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
-                "use lib.scan.selective_scan, which computes in fp64 when given fp64"
-            )
+    named = dict(x=x, delta=delta, A=A, B=B, C=C, D=D, h0=h0, z=z, delta_bias=delta_bias)
+    for name in (n for n, t in named.items() if t is not None and t.dtype == torch.float64):
+        raise TypeError(
+            f"selective_scan_triton computes in fp32 and refuses float64 input ({name} is float64); "
+            "use lib.scan.selective_scan, which computes in fp64 when given fp64"
+        )
     require_kernel_device(x.device, "selective_scan_triton", "lib.scan.selective_scan")
     from lib.kernels import scan as triton_scan  # imported on first use (it imports triton)
 

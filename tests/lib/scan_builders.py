@@ -53,49 +53,73 @@ def assert_close32(actual, expected):
     torch.testing.assert_close(actual, expected, rtol=RTOL32, atol=RTOL32 * expected.abs().max().item())
 
 
+_FLOAT = "must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64"
+_NEGATIVE_A = (
+    "A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; A >= 0 makes the "
+    "state grow without bound (got max {}). Mamba stores A = -exp(A_log)."
+)
+_STEP = "must be >= 0: it is a step size Δ (Mamba makes it positive with softplus: pass delta_softplus=True), got min"
+
+
 def bad_scan_cases():
+    """The refusal table every scan shares: (case, arguments, error, the whole message)."""
     x, delta, A, B, C, D, h0 = scan_inputs(2, 6, 3, 4)
     ok = dict(x=x, delta=delta, A=A, B=B, C=C, D=D)
     return [
-        ("x rank", dict(ok, x=x[0]), ValueError, r"x must have shape \(B, L, D\)"),
+        ("x rank", dict(ok, x=x[0]), ValueError, "x must have shape (B, L, D) (3 dims), got (6, 3)"),
         (
             "delta shape",
             dict(ok, delta=delta[:, :5]),
             ValueError,
-            r"delta must have shape \(B, L, D\) = \(2, 6, 3\) like x, got \(2, 5, 3\)",
+            "delta must have shape (B, L, D) with L = 6 as in x, got (2, 5, 3)",
         ),
-        ("A shape", dict(ok, A=A[:2]), ValueError, r"A must have shape \(D, N\) = \(3, 4\) with D = x.shape\[-1\]"),
-        ("A rank", dict(ok, A=A[0]), ValueError, r"A must have shape \(D, N\)"),
-        ("B shape", dict(ok, B=B[:, :, :3]), ValueError, r"B must have shape \(B, L, N\)"),
-        ("C shape", dict(ok, C=C[:1]), ValueError, r"C must have shape \(B, L, N\)"),
-        ("D shape", dict(ok, D=D[:2]), ValueError, r"D must have shape \(D,\)"),
-        ("h0 shape", dict(ok, h0=h0[:, :, :2]), ValueError, r"h0 must have shape \(B, D, N\)"),
+        ("A shape", dict(ok, A=A[:2]), ValueError, "A must have shape (D, N) with D = 3 as in x, got (2, 4)"),
+        ("A rank", dict(ok, A=A[0]), ValueError, "A must have shape (D, N) (2 dims), got (4,)"),
         (
-            "A zero",
-            dict(ok, A=A.clone().index_fill_(1, torch.tensor([0]), 0.0)),
+            "B shape",
+            dict(ok, B=B[:, :, :3]),
             ValueError,
-            r"A must be negative.*grow without bound",
+            "B must have shape (B, L, N) with N = 4 as in A, got (2, 6, 3)",
         ),
-        ("A positive", dict(ok, A=-A), ValueError, r"exp\(Δ·A\) must be < 1"),
-        ("delta negative", dict(ok, delta=-delta), ValueError, r"delta must be >= 0"),
-        ("x integer", dict(ok, x=torch.ones(2, 6, 3, dtype=torch.int64)), TypeError, r"x must have a floating dtype"),
-        ("B integer", dict(ok, B=B.long()), TypeError, r"B must have a floating dtype"),
-        ("C not a tensor", dict(ok, C=C.tolist()), TypeError, r"C must be a torch.Tensor"),
-        ("empty", dict(ok, x=x[:, :0], delta=delta[:, :0], B=B[:, :0], C=C[:, :0]), ValueError, r"every size >= 1"),
-        ("z shape", dict(ok, z=x[:, :5]), ValueError, r"z must have shape \(B, L, D\) = \(2, 6, 3\) like x"),
-        ("z integer", dict(ok, z=x.long()), TypeError, r"z must have a floating dtype"),
-        ("delta_bias shape", dict(ok, delta_bias=D[:2]), ValueError, r"delta_bias must have shape \(D,\) = \(3,\)"),
-        ("delta_softplus not a bool", dict(ok, delta_softplus=1), TypeError, r"delta_softplus must be a bool"),
+        ("C shape", dict(ok, C=C[:1]), ValueError, "C must have shape (B, L, N) with B = 2 as in x, got (1, 6, 4)"),
+        ("D shape", dict(ok, D=D[:2]), ValueError, "D must have shape (D,) with D = 3 as in x, got (2,)"),
+        (
+            "h0 shape",
+            dict(ok, h0=h0[:, :, :2]),
+            ValueError,
+            "h0 must have shape (B, D, N) with N = 4 as in A, got (2, 3, 2)",
+        ),
+        ("A zero", dict(ok, A=A.clone().index_fill_(1, torch.tensor([0]), 0.0)), ValueError, _NEGATIVE_A.format(0)),
+        ("A positive", dict(ok, A=-A), ValueError, _NEGATIVE_A.format(f"{(-A).max().item():.4g}")),
+        ("delta negative", dict(ok, delta=-delta), ValueError, f"delta {_STEP} {(-delta).min().item():.4g}"),
+        ("x integer", dict(ok, x=torch.ones(2, 6, 3, dtype=torch.int64)), TypeError, f"x {_FLOAT}"),
+        ("B integer", dict(ok, B=B.long()), TypeError, f"B {_FLOAT}"),
+        ("C not a tensor", dict(ok, C=C.tolist()), TypeError, "C must be a torch.Tensor, got list"),
+        (
+            "empty",
+            dict(ok, x=x[:, :0], delta=delta[:, :0], B=B[:, :0], C=C[:, :0]),
+            ValueError,
+            "x must have shape (B, L, D) with every size >= 1, got (2, 0, 3)",
+        ),
+        ("z shape", dict(ok, z=x[:, :5]), ValueError, "z must have shape (B, L, D) with L = 6 as in x, got (2, 5, 3)"),
+        ("z integer", dict(ok, z=x.long()), TypeError, f"z {_FLOAT}"),
+        (
+            "delta_bias shape",
+            dict(ok, delta_bias=D[:2]),
+            ValueError,
+            "delta_bias must have shape (D,) with D = 3 as in x, got (2,)",
+        ),
+        ("delta_softplus not a bool", dict(ok, delta_softplus=1), TypeError, "delta_softplus must be a bool, got int"),
         (
             "delta NaN under softplus",
             dict(ok, delta=delta.clone().fill_(float("nan")), delta_softplus=True),
             ValueError,
-            r"delta must not be NaN",
+            "delta must not be NaN, got delta_softplus=True",
         ),
         (
             "delta + bias negative",
             dict(ok, delta_bias=-torch.ones(3)),
             ValueError,
-            r"delta \+ delta_bias must be >= 0.*delta_softplus=True",
+            f"delta + delta_bias {_STEP} {(delta - 1).min().item():.4g}",
         ),
     ]
