@@ -165,19 +165,23 @@ def require_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor
         raise ValueError(f"attention_mask must be on idx's device {device}, got {attention_mask.device}")
     if attention_mask.is_floating_point():
         raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
-    keep = attention_mask.bool()
-    if not scan_values():
-        return keep
-    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
+    if scan_values():
+        _left_padded("attention_mask", attention_mask)
+    return attention_mask.bool()
+
+
+def _left_padded(name: str, mask: torch.Tensor) -> None:
+    """A (B, S) padding mask's values: only 0 and 1, every row's zeros before its ones, the last real."""
+    keep = mask.bool()
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError(f"{name} must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
     if bool((keep[:, :-1] & ~keep[:, 1:]).any()):
         raise ValueError(
-            "attention_mask must be left-padded: in each row every 0 comes before every 1 "
+            f"{name} must be left-padded: in each row every 0 comes before every 1 "
             "(right padding would put new tokens after the padding)"
         )
     if not bool(keep[:, -1].all()):
-        raise ValueError("attention_mask: every row needs at least one real token, at the last position")
-    return keep
+        raise ValueError(f"{name}: every row needs at least one real token, at the last position")
 
 
 def require_state_dict_fits(ours: dict, theirs: dict, config_name: str) -> None:
@@ -219,9 +223,10 @@ def require_state_dict_fits(ours: dict, theirs: dict, config_name: str) -> None:
 #     def attention_ref(q, k, v, mask=None, causal=False, scale=None): ...math only...
 #
 # Tensor kinds: float, int (int64 or int32), bool, tensor (any dtype), additive (a floating mask of 0
-# and -inf: no NaN, no +inf), ids (int64 or int32, with `< bound` its values in [0, bound), the bound
-# an int argument or an attribute path such as self.config.vocab_size). Layouts: named sizes (each
-# >= 1, the same wherever the name recurs), digits, `_` (any size), `X?` (X or 1), a leading `...`
+# and -inf: no NaN, no +inf), padding (a (B, S) mask of 1 = token, 0 = padding, left-padded), ids
+# (int64 or int32; with `< bound` its values in [0, bound), the bound an int argument or an attribute
+# path such as self.config.vocab_size). Layouts: named sizes (each >= 1, the same wherever the name
+# recurs), digits, `_` (any size), `X?` (X or 1), a leading `...`
 # (any leading dims, the same in every tensor). `|` separates alternatives; `| None` allows None.
 # Scalars: "int >= 1", "real > 0", "real >= 0", "bool", "str". Every tensor must be on the first
 # tensor's device. `where` rules are Python expressions over the sizes, the arguments (sizes win a
@@ -229,7 +234,7 @@ def require_state_dict_fits(ours: dict, theirs: dict, config_name: str) -> None:
 # naming a tensor reads its data (a value scan). A failed rule's message is followed by the values
 # it names ("..., got H=4, H_kv=3"), or is an f-string over the same names. A callable stands for a
 # check written out: it is called as check(name, value). Arguments are checked in declared order.
-_KINDS = {"float", "int", "bool", "tensor", "additive", "ids"}
+_KINDS = {"float", "int", "bool", "tensor", "additive", "ids", "padding"}
 _SCALARS = {"int", "real", "bool", "str"}
 
 
@@ -277,7 +282,7 @@ class _Arg:
             raise ValueError(f"{name}: cannot read the declaration {text!r}")
 
     def describe(self) -> str:
-        if self.kind in _SCALARS:
+        if not self.layouts:
             return {"int": "an int", "real": "a real number", "bool": "a bool", "str": "a string"}[self.kind]
         return " or ".join(_shown(lay, i == 0) for i, lay in enumerate(self.layouts))
 
@@ -348,10 +353,11 @@ class door:
         _door.contract, _door.declared = contract, self
         return _door
 
-    def check(self, **values) -> dict:
+    def check(self, /, **values) -> dict:
         """Raise a TypeError or ValueError naming the first argument that breaks the contract;
         return the sizes bound (e.g. {"B": 2, "H": 4, ...})."""
         sizes: dict[str, tuple[int, str]] = {}
+        later = []  # the arguments' value scans, run after every shape, device and rule
         first = None  # the first tensor: every tensor must be on its device
         for name, arg in self.args.items():
             value = values.get(name)
@@ -359,10 +365,10 @@ class door:
                 arg.custom(name, value)
             elif value is None and arg.optional:
                 continue
-            elif arg.kind in _SCALARS:
+            elif not arg.layouts:
                 self._scalar(arg, value)
             else:
-                self._tensor(arg, value, sizes, values, first)
+                self._tensor(arg, value, sizes, values, first, later)
                 first = first or name
         present = [n for n in self.same_dtype if values.get(n) is not None]
         if any(values[n].dtype != values[present[0]].dtype for n in present):
@@ -380,6 +386,8 @@ class door:
                 if "{" in says:  # the message is an f-string over the sizes and arguments
                     raise ValueError(eval("f" + repr(says), self.scope, scope))
                 raise ValueError(f"{says}, got {shown}" if shown else says)
+        for scan in later:
+            scan()
         return dims
 
     @staticmethod
@@ -400,7 +408,7 @@ class door:
                 require_real(name, value, at_least=None if limit is None else float(limit), note=note)
 
     @staticmethod
-    def _tensor(arg: _Arg, value, sizes: dict, values: dict, first: str | None) -> None:
+    def _tensor(arg: _Arg, value, sizes: dict, values: dict, first: str | None, later: list) -> None:
         name, kind = arg.name, arg.kind
         if not isinstance(value, torch.Tensor):
             maybe = " or None" if arg.optional else ""
@@ -418,6 +426,8 @@ class door:
             raise TypeError(f"{name} must be an int64 (or int32) tensor, got {value.dtype}")
         if kind == "bool" and value.dtype != torch.bool:
             raise TypeError(f"{name} must be a bool tensor, got {value.dtype}")
+        if kind == "padding" and value.is_floating_point():
+            raise ValueError(f"{name} must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
         if first is not None and value.device != values[first].device:
             raise ValueError(f"{name} must be on {first}'s device {values[first].device}, got {value.device}")
         shape = tuple(value.shape)
@@ -456,15 +466,50 @@ class door:
                 ok = True
             if not ok:
                 raise ValueError(f"{name} must {_shown(whole)} with {want}, got {tuple(value.shape)}")
-        if (
-            kind == "additive"
-            and scan_values()
-            and (bool(torch.isnan(value).any()) or bool(torch.isposinf(value).any()))
-        ):
-            raise ValueError(f"{name} must hold finite values or -inf (no NaN, no +inf)")
+        if kind == "padding" and scan_values():
+            later.append(lambda: _left_padded(name, value))
         if arg.bound is not None and scan_values():
-            high = _attr(arg.bound, values)
-            if bool((value < 0).any()) or bool((value >= high).any()):
-                raise ValueError(
-                    f"{name} must lie in [0, {arg.bound}={high}), got min {int(value.min())}, max {int(value.max())}"
-                )
+            later.append(lambda: door._in_range(name, value, arg.bound, values))
+        if kind == "additive" and scan_values():
+            later.append(lambda: door._no_nan(name, value))
+
+    @staticmethod
+    def _no_nan(name: str, value: torch.Tensor) -> None:
+        if bool(torch.isnan(value).any()) or bool(torch.isposinf(value).any()):
+            raise ValueError(f"{name} must hold finite values or -inf (no NaN, no +inf)")
+
+    @staticmethod
+    def _in_range(name: str, value: torch.Tensor, path: str, values: dict) -> None:
+        high = _attr(path, values)
+        if bool((value < 0).any()) or bool((value >= high).any()):
+            bound = path.split(".")[-1]
+            raise ValueError(
+                f"{name} must lie in [0, {bound}={high}), got min {int(value.min())}, max {int(value.max())}"
+            )
+
+
+# The door of every decoder's forward in lib (GPT and the models built on it, Llama): token ids that
+# fit the vocabulary and the context from `start`, on the model's device, and caches that fit them.
+DECODER_FORWARD = door(
+    start="int >= 0",
+    idx="ids (B, T) < self.config.vocab_size",
+    targets="int (B, T) | None",
+    attention_mask="padding (B, S) | None",
+    where={
+        "start + T <= self.config.block_size": "idx has T={T} tokens from position {start}, past the context "
+        "block_size={self.config.block_size}",
+        "idx.device == self.get_input_embeddings().weight.device": "idx must be on the model's device "
+        "{self.get_input_embeddings().weight.device}, got {idx.device}",
+        "caches is not None or not start": "start > 0 needs caches: without them the earlier positions are not "
+        "there to attend to",
+        "caches is None or len(caches) == self.config.n_layer": "caches must hold one cache per layer "
+        "({self.config.n_layer}), got {len(caches)}",
+        "caches is None or caches[0].batch_size == B": "caches were built for batch size {caches[0].batch_size}, "
+        "idx has batch size {B}",
+        "attention_mask is None or S == start + T": "attention_mask must have shape (B, start + T) = ({B}, "
+        "{start + T}), covering cached positions too, got ({B}, {S})",
+        "targets is None or bool((((targets >= 0) & (targets < self.config.vocab_size)) | (targets == -100)).all())": (
+            "targets must lie in [0, vocab_size={self.config.vocab_size}) (or be -100 to skip a position)"
+        ),
+    },
+)

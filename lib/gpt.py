@@ -41,14 +41,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import (
-    checking,
-    require_attention_mask,
+    DECODER_FORWARD,
     require_int,
     require_rank,
     require_state_dict_fits,
     require_targets,
     require_tensor,
-    require_token_ids,
 )
 from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
@@ -338,34 +336,11 @@ class GPT(nn.Module):
         dtype = self.transformer.wte.weight.dtype if dtype is None else dtype
         return sum(block.attn.cache_bytes(batch, seq_len, dtype) for block in self.transformer.h)
 
-    def _check_forward(self, idx, start: int, caches, attention_mask) -> None:
-        require_int("start", start, minimum=0)
-        self._check_idx(idx, start)
-        B, T = idx.shape
-        if caches is not None:
-            if len(caches) != self.config.n_layer:
-                raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
-            if caches[0].batch_size != B:
-                raise ValueError(f"caches were built for batch size {caches[0].batch_size}, idx has batch size {B}")
-        if start and caches is None:
-            raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
-        if attention_mask is not None:
-            require_attention_mask(attention_mask, (B, start + T), idx.device)
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding (V, C), which the head shares (Hugging Face's name for it)."""
+        return self.transformer.wte
 
-    def _check_idx(self, idx, start: int) -> None:
-        require_token_ids(
-            "idx",
-            idx,
-            vocab_size=self.config.vocab_size,
-            max_len=self.config.block_size,
-            context="block_size",
-            start=start,
-        )
-        if idx.device != self.transformer.wte.weight.device:
-            raise ValueError(
-                f"idx must be on the model's device {self.transformer.wte.weight.device}, got {idx.device}"
-            )
-
+    @DECODER_FORWARD
     def forward(
         self,
         idx: torch.Tensor,
@@ -385,8 +360,6 @@ class GPT(nn.Module):
         alone. (With RoPE the shared positions are kept: a score depends only on the offset between
         two positions, which the padding shifts equally.)
         """
-        if checking():
-            self._check_forward(idx, start, caches, attention_mask)
         B, T = idx.shape
         mask = None
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
@@ -407,7 +380,6 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
-        require_targets("targets", targets, tuple(idx.shape), self.config.vocab_size)
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
         return logits, loss
 

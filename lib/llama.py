@@ -35,13 +35,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import (
-    checking,
-    require_attention_mask,
+    DECODER_FORWARD,
     require_int,
     require_state_dict_fits,
-    require_targets,
-    require_tensor,
-    require_token_ids,
 )
 from lib.attention import BACKENDS, attention, attention_weights
 from lib.kernels.matvec import column_major, is_column_major, linear
@@ -337,38 +333,20 @@ class Llama(nn.Module):
         dtype = self.model.embed_tokens.weight.dtype if dtype is None else dtype
         return sum(block.self_attn.cache_bytes(batch, seq_len, dtype) for block in self.model.layers)
 
-    def _check_forward(self, idx, caches, start, attention_mask) -> None:
-        """forward's arguments, checked once at its door."""
-        require_int("start", start, minimum=0)
-        device = self.model.embed_tokens.weight.device
-        if require_tensor("idx", idx).device != device:
-            raise ValueError(f"idx must be on the model's device {device}, got {idx.device}")
-        require_token_ids(
-            "idx",
-            idx,
-            vocab_size=self.config.vocab_size,
-            max_len=self.config.block_size,
-            context="block_size",
-            start=start,
-        )
-        B, T = idx.shape
-        if caches is not None:
-            if len(caches) != self.config.n_layer:
-                raise ValueError(f"caches must hold one KVCache per layer ({self.config.n_layer}), got {len(caches)}")
-            if caches[0].batch_size != B:
-                raise ValueError(f"caches were built for batch size {caches[0].batch_size}, idx has batch size {B}")
-            if start > caches[0].length:
-                raise ValueError(f"start must be <= the cache length {caches[0].length} (no gaps), got {start}")
-            if start + T > caches[0].max_len:
-                raise ValueError(
-                    f"the caches hold {caches[0].max_len} positions; idx at {start}..{start + T - 1} "
-                    "would overflow them (new_caches(batch_size, max_len) with a larger max_len)"
-                )
-        elif start:
-            raise ValueError("start > 0 needs caches: without them the earlier positions are not there to attend to")
-        if attention_mask is not None:
-            require_attention_mask(attention_mask, (B, start + T), idx.device)
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding (V, C) (Hugging Face's name for it)."""
+        return self.model.embed_tokens
 
+    @DECODER_FORWARD.plus(
+        return_attentions="bool",
+        where={
+            "caches is None or start <= caches[0].length": "start must be <= the cache length {caches[0].length} "
+            "(no gaps), got {start}",
+            "caches is None or start + T <= caches[0].max_len": "the caches hold {caches[0].max_len} positions; idx "
+            "at {start}..{start + T - 1} would overflow them (new_caches(batch_size, max_len) with a larger max_len)",
+            "not (return_attentions and targets is not None)": "return_attentions and targets go in separate calls",
+        },
+    )
     def forward(
         self,
         idx: torch.Tensor,
@@ -389,10 +367,6 @@ class Llama(nn.Module):
         prompt starts later), which RoPE does not notice: a score depends only on the offset
         between two positions, which the padding shifts equally.
         """
-        if checking():
-            self._check_forward(idx, caches, start, attention_mask)
-            if return_attentions and targets is not None:
-                raise ValueError("return_attentions and targets go in separate calls")
         B, T = idx.shape
         w = self.model.embed_tokens.weight
         mask = None if attention_mask is None else padding_mask(attention_mask.bool(), dtype=w.dtype)  # (B, 1, 1, S)
@@ -411,7 +385,6 @@ class Llama(nn.Module):
             return logits, attentions
         if targets is None:
             return logits
-        require_targets("targets", targets, tuple(idx.shape), self.config.vocab_size)
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
         return logits, loss
 
