@@ -323,6 +323,16 @@ class door:
         lines += [f"{'where':<{width}}  {code.co_filename}  ({says})" for code, says in self.rules]
         return "\n".join(lines)
 
+    def _without(self, absent: set) -> door:
+        """This contract less the arguments `absent`, and less the rules that name them."""
+        if not absent:
+            return self
+        return self._made(
+            {n: a for n, a in self.args.items() if n not in absent},
+            [n for n in self.same_dtype if n not in absent],
+            [(code, says) for code, says in self.rules if not absent & set(code.co_names)],
+        )
+
     def _made(self, args: dict, same_dtype: list, rules: list) -> door:
         new = door.__new__(door)
         new.args, new.same_dtype, new.rules, new.scope = args, same_dtype, rules, self.scope
@@ -335,12 +345,7 @@ class door:
         import inspect
 
         signature = inspect.signature(fn)
-        absent = set(self.args) - set(signature.parameters)
-        contract = self._made(
-            {n: a for n, a in self.args.items() if n not in absent},
-            [n for n in self.same_dtype if n not in absent],
-            [(code, says) for code, says in self.rules if not absent & set(code.co_names)],
-        )
+        contract = self._without(set(self.args) - set(signature.parameters))
 
         @functools.wraps(fn)
         def _door(*args, **kwargs):
@@ -355,7 +360,10 @@ class door:
 
     def check(self, /, **values) -> dict:
         """Raise a TypeError or ValueError naming the first argument that breaks the contract;
-        return the sizes bound (e.g. {"B": 2, "H": 4, ...})."""
+        return the sizes bound (e.g. {"B": 2, "H": 4, ...}). Declared arguments not given are left
+        out, with the rules naming them, as a decorated function leaves out what it lacks."""
+        if not set(self.args) <= set(values):
+            return self._without(set(self.args) - set(values)).check(**values)
         sizes: dict[str, tuple[int, str]] = {}
         later = []  # the arguments' value scans, run after every shape, device and rule
         first = None  # the first tensor: every tensor must be on its device

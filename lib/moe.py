@@ -49,7 +49,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_real, require_tensor
+from lib._checks import door, require_tensor
 
 __all__ = [
     "ACTIVATIONS",
@@ -58,7 +58,7 @@ __all__ = [
     "MIXTRAL_8X7B",
     "MoE",
     "RoutingStats",
-    "check_layer_args",
+    "LAYER_SIZES",
     "expert_capacity",
     "load_balancing_loss",
     "moe_from_mixtral",
@@ -78,27 +78,37 @@ GATINGS = {
 DISPATCHES = ("grouped", "loop")
 
 
-# --------------------------------------------------------------------------- checks and arithmetic
-def check_layer_args(d_model, d_ff, num_experts, top_k, activation="gelu") -> None:
-    """The sizes and activation of an MoE layer (MoE's constructor and lib.moe_lm.moe_gpt check them)."""
-    require_int("d_model", d_model, minimum=1)
-    require_int("d_ff", d_ff, minimum=1)
-    require_int("num_experts", num_experts, minimum=1)
-    require_int("top_k", top_k, minimum=1)
-    if top_k > num_experts:
-        raise ValueError(
-            f"top_k must be <= num_experts={num_experts} (each token picks K distinct experts), got top_k={top_k}"
-        )
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+# --------------------------------------------------------------------------- the contracts
+LAYER_SIZES = door(
+    d_model="int >= 1",
+    d_ff="int >= 1",
+    num_experts="int >= 1",
+    num_tokens="int >= 1",
+    top_k="int >= 1",
+    activation="str",
+    capacity_factor="real > 0 | None",
+    num_layers="int >= 1",
+    gating="str",
+    dispatch="str",
+    where={
+        "top_k <= num_experts": "top_k must be <= num_experts (each token picks K distinct experts)",
+        "activation in ACTIVATIONS": "activation must be one of {ACTIVATIONS}, got {activation!r}",
+        "gating in GATINGS": "gating must be one of {tuple(GATINGS)}, got {gating!r}",
+        "dispatch in DISPATCHES": "dispatch must be one of {DISPATCHES}, got {dispatch!r}",
+    },
+)
+_ROUTING = LAYER_SIZES.plus(logits="float (N, E)", where={"top_k <= E": "top_k must be <= the number of experts E"})
+_INPUT = door(
+    x="float (B, T, d_model)",
+    where={
+        "d_model == self.d_model": "x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}",
+        "x.dtype == self.w1.dtype and x.device == self.w1.device": "x must match the layer's weights "
+        "({self.w1.dtype} on {self.w1.device}), got {x.dtype} on {x.device}",
+    },
+)
 
 
-def _check_capacity_factor(capacity_factor) -> None:
-    if capacity_factor is None:
-        return
-    require_real("capacity_factor", capacity_factor, above=0, note=" or None (no dropping)")
-
-
+@LAYER_SIZES
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float | None) -> int | None:
     """Assignments one expert may take: ceil(capacity_factor · num_tokens · top_k / num_experts).
 
@@ -106,12 +116,6 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_fact
     None means no limit (returns None: dropless). The product is taken on the decimal value
     (1.1 is 11/10), so float rounding cannot add a slot: expert_capacity(100, 10, 1, 1.1) == 11.
     """
-    require_int("num_tokens", num_tokens, minimum=1)
-    require_int("num_experts", num_experts, minimum=1)
-    require_int("top_k", top_k, minimum=1)
-    if top_k > num_experts:
-        raise ValueError(f"top_k must be <= num_experts={num_experts}, got top_k={top_k}")
-    _check_capacity_factor(capacity_factor)
     if capacity_factor is None:
         return None
     return math.ceil(Fraction(repr(float(capacity_factor))) * num_tokens * top_k / num_experts)
@@ -122,11 +126,11 @@ def _softmax_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
+@_ROUTING
 def route_top_k(logits: torch.Tensor, top_k: int, gating: str = "topk_softmax") -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits (N, E) -> gates (N, K) in the logits' dtype, experts (N, K) int64, by `gating`
     (GATINGS: "topk_softmax" the softmax over the K chosen logits; "softmax_topk" Mixtral's, the
     softmax over all E, top K, renormalised; "softmax_topk_raw" the same without renormalising)."""
-    _check_logits_top_k(logits, top_k, gating)
     if gating == "topk_softmax":
         top, experts = logits.topk(top_k, dim=-1)  # (N, K) each
         gates = F.softmax(top, dim=-1, dtype=_softmax_dtype(logits))
@@ -136,16 +140,6 @@ def route_top_k(logits: torch.Tensor, top_k: int, gating: str = "topk_softmax") 
         if gating == "softmax_topk":
             gates = gates / gates.sum(dim=-1, keepdim=True)
     return gates.to(logits.dtype), experts
-
-
-def _check_logits_top_k(logits, top_k, gating: str = "topk_softmax") -> None:
-    require_tensor("logits", logits, floating=True)
-    require_rank("logits", logits, 2, "(N, E)")
-    require_int("top_k", top_k, minimum=1)
-    if top_k > logits.shape[-1]:
-        raise ValueError(f"top_k must be <= the number of experts E={logits.shape[-1]}, got top_k={top_k}")
-    if gating not in GATINGS:
-        raise ValueError(f"gating must be one of {tuple(GATINGS)}, got {gating!r}")
 
 
 @dataclass
@@ -188,6 +182,7 @@ class MoE(nn.Module):
     attributes, checked when set: ST-MoE trains with capacity 1.25 and evaluates with 2.0.
     """
 
+    @LAYER_SIZES
     def __init__(
         self,
         d_model: int,
@@ -201,7 +196,6 @@ class MoE(nn.Module):
         dispatch: str = "grouped",
     ):
         super().__init__()
-        check_layer_args(d_model, d_ff, num_experts, top_k, activation)
         self.d_model, self.d_ff, self.num_experts, self.top_k = d_model, d_ff, num_experts, top_k
         self.activation = activation
         self.gating, self.capacity_factor, self.dispatch = gating, capacity_factor, dispatch
@@ -228,8 +222,7 @@ class MoE(nn.Module):
 
     @dispatch.setter
     def dispatch(self, value: str) -> None:
-        if value not in DISPATCHES:
-            raise ValueError(f"dispatch must be one of {DISPATCHES}, got {value!r}")
+        LAYER_SIZES.check(dispatch=value)
         self._dispatch = value
 
     @property
@@ -238,8 +231,7 @@ class MoE(nn.Module):
 
     @gating.setter
     def gating(self, value: str) -> None:
-        if value not in GATINGS:
-            raise ValueError(f"gating must be one of {tuple(GATINGS)}, got {value!r}")
+        LAYER_SIZES.check(gating=value)
         self._gating = value
 
     @property
@@ -248,7 +240,7 @@ class MoE(nn.Module):
 
     @capacity_factor.setter
     def capacity_factor(self, value: float | None) -> None:
-        _check_capacity_factor(value)
+        LAYER_SIZES.check(capacity_factor=value)
         self._capacity_factor = value
 
     def extra_repr(self) -> str:
@@ -257,18 +249,6 @@ class MoE(nn.Module):
             f"activation={self.activation!r}, gating={self.gating!r}, "
             f"capacity_factor={self.capacity_factor}, dispatch={self.dispatch!r}"
         )
-
-    def _check_input(self, x) -> None:
-        require_tensor("x", x, floating=True)
-        require_rank("x", x, 3, "(B, T, d_model)")
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
-        if x.shape[0] * x.shape[1] == 0:
-            raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
-        if x.dtype != self.w1.dtype or x.device != self.w1.device:
-            raise ValueError(
-                f"x must match the layer's weights ({self.w1.dtype} on {self.w1.device}), got {x.dtype} on {x.device}"
-            )
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits (N, E) -> gates (N, K), experts (N, K), by this layer's `gating`."""
@@ -289,8 +269,8 @@ class MoE(nn.Module):
         w3 = self.w3[lo:hi].unbind(0) if self.w3 is not None else [None] * (hi - lo)
         return list(zip(self.w1[lo:hi].unbind(0), self.w2[lo:hi].unbind(0), w3))
 
+    @_INPUT
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._check_input(x)
         B, T, C = x.shape
         E, K = self.num_experts, self.top_k
         h = x.reshape(B * T, C)  # (B, T, C) -> (N, C)
@@ -367,7 +347,7 @@ def moe_ref(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     by a cumulative count over tokens (a third way to rank each expert's queue). Returns y (B, T, C)."""
     if not isinstance(moe, MoE):
         raise TypeError(f"moe must be a lib.moe.MoE, got {type(moe).__name__}")
-    moe._check_input(x)
+    _INPUT.check(self=moe, x=x)
     B, T, C = x.shape
     E, K = moe.num_experts, moe.top_k
     h = x.reshape(B * T, C).double()  # (N, C)
@@ -408,9 +388,9 @@ def _as_layers(router_logits) -> list[torch.Tensor]:
     return [t.reshape(-1, t.shape[-1]) for t in layers]
 
 
+@_ROUTING
 def switch_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     """E · Σ_i f_i · P_i over one set of tokens' logits (N, E): one layer's Switch loss."""
-    _check_logits_top_k(logits, top_k)
     N, E = logits.shape
     probs = F.softmax(logits, dim=-1, dtype=_softmax_dtype(logits))  # (N, E)
     chosen = logits.topk(top_k, dim=-1).indices  # (N, K)
@@ -419,6 +399,7 @@ def switch_loss(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return E * (f * P).sum()
 
 
+@door(top_k="int >= 1", pooled="bool")
 def load_balancing_loss(router_logits, top_k: int, *, pooled: bool = False) -> torch.Tensor:
     """The Switch Transformer's auxiliary loss E · Σ_i f_i · P_i (§2.2, eq. 4-6), for top-K routing,
     computed for each MoE layer and averaged over the layers.
@@ -436,19 +417,10 @@ def load_balancing_loss(router_logits, top_k: int, *, pooled: bool = False) -> t
     and read the even value K: pooling lets opposite imbalances in different layers cancel (raised
     in transformers issues #28255 and #31464). For one layer the two are equal.
     """
-    layers = _as_layers(router_logits)  # [(N, E), ...], checked
-    _check_balance_args(layers[0].shape[-1], top_k, pooled)
+    layers = _as_layers(router_logits)  # [(N, E), ...], checked; switch_loss checks top_k against E
     if pooled:
         return switch_loss(torch.cat(layers), top_k)  # (L·N, E): one f and one P for every layer
     return torch.stack([switch_loss(logits, top_k) for logits in layers]).mean()
-
-
-def _check_balance_args(E: int, top_k, pooled) -> None:
-    require_int("top_k", top_k, minimum=1)
-    if top_k > E:
-        raise ValueError(f"top_k must be <= the number of experts E={E}, got top_k={top_k}")
-    if not isinstance(pooled, bool):
-        raise TypeError(f"pooled must be a bool, got {type(pooled).__name__}")
 
 
 def router_z_loss(router_logits) -> torch.Tensor:
@@ -479,6 +451,15 @@ MIXTRAL_8X7B = dict(
 )  # mistralai/Mixtral-8x7B-v0.1 config.json
 
 
+@LAYER_SIZES.plus(
+    n_head="int >= 1 | None",
+    n_kv_head="int >= 1 | None",
+    vocab_size="int >= 1 | None",
+    where={
+        "n_head is None or (d_model % n_head == 0 and n_head % (n_kv_head or n_head) == 0)": "d_model ({d_model}) "
+        "must be divisible by n_head ({n_head}), and n_head by n_kv_head ({n_kv_head or n_head})"
+    },
+)
 def moe_param_counts(
     d_model: int,
     d_ff: int,
@@ -504,8 +485,6 @@ def moe_param_counts(
     FLOPs: 2 per multiply-add over the active matrices (the embedding lookup is free; attention's
     T-dependent score and mix products are left out).
     """
-    check_layer_args(d_model, d_ff, num_experts, top_k, activation)
-    require_int("num_layers", num_layers, minimum=1)
     C, Fh, E, K, L = d_model, d_ff, num_experts, top_k, num_layers
     expert = (3 if activation == "swiglu" else 2) * C * Fh
     router = C * E
@@ -514,17 +493,10 @@ def moe_param_counts(
     )
     attention = norms = embeddings = head = 0
     if n_head is not None:
-        require_int("n_head", n_head, minimum=1)
         n_kv_head = n_head if n_kv_head is None else n_kv_head
-        require_int("n_kv_head", n_kv_head, minimum=1)
-        if C % n_head or n_head % n_kv_head:
-            raise ValueError(
-                f"d_model ({C}) must be divisible by n_head ({n_head}), and n_head by n_kv_head ({n_kv_head})"
-            )
         attention = L * (2 * C * C + 2 * C * (C // n_head) * n_kv_head)
         norms = (2 * L + 1) * C
     if vocab_size is not None:
-        require_int("vocab_size", vocab_size, minimum=1)
         embeddings = vocab_size * C
         head = 0 if tie_embeddings else vocab_size * C
     counts.update(attention=attention, norms=norms, embedding_and_head=embeddings + head)

@@ -27,7 +27,7 @@ from lib._checks import require_int, require_rank, require_real, require_tensor
 from lib._replay import replayable
 from lib.corpus import CharVocab, facts_corpus
 from lib.gpt import GPT, Block, GPTConfig
-from lib.moe import MoE, check_layer_args, load_balancing_loss, router_z_loss
+from lib.moe import LAYER_SIZES, MoE, load_balancing_loss, router_z_loss
 from lib.train import get_batch, train
 
 __all__ = ["MoEFeedForward", "MoETrainRecord", "drop_rate", "moe_gpt", "router_logits_of", "train_moe_lm"]
@@ -55,7 +55,8 @@ def moe_gpt(config, num_experts: int = 8, top_k: int = 2, d_ff: int | None = Non
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a lib.gpt.GPTConfig, got {type(config).__name__}")
     d_ff = 4 * config.n_embd if d_ff is None else d_ff
-    check_layer_args(config.n_embd, d_ff, num_experts, top_k, moe_kwargs.get("activation", "gelu"))
+    activation = moe_kwargs.get("activation", "gelu")
+    LAYER_SIZES.check(d_model=config.n_embd, d_ff=d_ff, num_experts=num_experts, top_k=top_k, activation=activation)
 
     def make_block(cfg, i):
         return Block(cfg, mlp=MoEFeedForward(MoE(cfg.n_embd, d_ff, num_experts, top_k, **moe_kwargs)))

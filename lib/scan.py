@@ -54,7 +54,7 @@ from lib.kernels.runtime import require_kernel_device, work_dtype
 
 __all__ = [
     "SCANS",
-    "check_scan_inputs",
+    "SCAN_CONTRACT",
     "default_chunk_size",
     "discretize",
     "parallel_scan_ref",
@@ -96,12 +96,6 @@ SCAN_CONTRACT = door(
         f"delta_softplus or bool(({_STEP}).min() >= 0)": _POSITIVE_STEP,
     },
 )
-
-
-def check_scan_inputs(x, delta, A, B, C, D, h0, *, z=None, delta_bias=None, delta_softplus=False) -> None:
-    """The scan contract (`SCAN_CONTRACT`) checked now, for a caller with its own door (lib.mamba)."""
-    args = dict(x=x, delta=delta, A=A, B=B, C=C, D=D, h0=h0, z=z, delta_bias=delta_bias)
-    SCAN_CONTRACT.check(**args, delta_softplus=delta_softplus, return_state=False)
 
 
 def _step_sizes(delta: torch.Tensor, delta_bias, delta_softplus: bool) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 
 from lib._checks import require_rank, require_tensor
 from lib.kernels.runtime import work_dtype
-from lib.scan import check_scan_inputs
+from lib.scan import SCAN_CONTRACT
 
 __all__ = ["decay_mask", "selective_scan_attention", "ssm_attention_matrix"]
 
@@ -64,7 +64,7 @@ def ssm_attention_matrix(delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, 
     """W (B, D, L, L): W[b, d, t, s] = Σ_n C_t[n] exp(M[b, d, n, t, s]) B_s[n] · Δ_s[d] (`decay_mask`),
     zero above the diagonal. delta (B, L, D) >= 0; A (D, N) < 0; B, C (B, L, N). Then
     y[b, :, d] = W[b, d] @ x[b, :, d] is the selective scan of x from a zero state, without D."""
-    check_scan_inputs(delta, delta, A, B, C, None, None)
+    SCAN_CONTRACT.check(delta=delta, A=A, B=B, C=C, delta_bias=None, delta_softplus=False)
     return _attention_matrix(*(t.to(work_dtype(delta, A, B, C)) for t in (delta, A, B, C)))
 
 
@@ -85,7 +85,7 @@ def selective_scan_attention(
     """The selective scan as y = W x (+ D ⊙ x), W from `ssm_attention_matrix`: the arguments and the
     result of `lib.scan.selective_scan_ref` started from a zero state (up to rounding), in x's
     dtype, computed in fp32 (fp64 if given fp64). O(L²) time and memory: for showing, not for speed."""
-    check_scan_inputs(x, delta, A, B, C, D, None)
+    SCAN_CONTRACT.check(x=x, delta=delta, A=A, B=B, C=C, D=D, delta_bias=None, delta_softplus=False)
     wt = work_dtype(x, delta, A, B, C, D)
     W = _attention_matrix(*(t.to(wt) for t in (delta, A, B, C)))  # (B, D, L, L)
     y = torch.einsum("bdts,bsd->btd", W, x.to(wt))  # (B, D, L, L) @ (B, L, D) -> (B, L, D)

@@ -6,7 +6,8 @@
 Code lines are the module's lines that are neither blank, nor comments, nor docstrings.
 Validation lines are the code lines of functions named `_check*`, `check_*` or `require_*`, of
 `if checking():` blocks, of declared contracts (`door(...)`, `.plus(...)`, as decorators or
-assigned) and of `raise` statements elsewhere (their whole statement). A maintainer's
+assigned, and the module constants they read, such as a long message) and of `raise` statements
+elsewhere (their whole statement). A maintainer's
 measure, not a test: it prints a table.
 """
 
@@ -66,6 +67,14 @@ def measure(path: Path) -> dict:
             validation |= _span(node)
         elif _is_checking_guard(node) or isinstance(node, ast.Raise) or _is_declaration(node):
             validation |= _span(node)
+    # the module's constants that only a declaration reads (a long message, a shared rule's text)
+    declared = {
+        n.id for node in ast.walk(tree) if _is_declaration(node) for n in ast.walk(node) if isinstance(n, ast.Name)
+    }
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and {getattr(t, "id", None) for t in node.targets} <= declared:
+            if not _is_declaration(node.value):
+                validation |= _span(node)
     validation &= code
     return {"lines": len(text), "code": len(code), "validation": len(validation)}
 

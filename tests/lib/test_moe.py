@@ -4,10 +4,10 @@ Face's), capacity
 arithmetic and first-come-first-served dropping, gating variants, parameter counts, bad input."""
 
 import math
-import re
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 
 from lib.moe import (
     MIXTRAL_8X7B,
@@ -287,70 +287,127 @@ def test_param_counts_for_mixtral_8x7b_equal_hugging_face_and_the_published_acti
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        (dict(top_k=7), "top_k must be <= num_experts=6"),
-        (dict(top_k=0), "top_k must be >= 1"),
-        (dict(num_experts=0, top_k=1), "num_experts must be >= 1"),
-        (dict(d_model=0), "d_model must be >= 1"),
-        (dict(capacity_factor=0), "capacity_factor must be a finite number > 0"),
-        (dict(capacity_factor=-1.5), "capacity_factor must be a finite number > 0"),
-        (dict(dispatch="scatter"), "dispatch must be one of"),
-        (dict(gating="sigmoid"), "gating must be one of"),
-        (dict(activation="relu"), "activation must be one of"),
-    ],
-)
-def test_bad_layer_arguments_name_the_argument(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        _layer(**kwargs)
+_K = "top_k must be <= num_experts (each token picks K distinct experts), got top_k="
+_CAPACITY = "capacity_factor must be a finite number > 0 or None, got"
+_GATINGS = "('topk_softmax', 'softmax_topk', 'softmax_topk_raw')"
+LAYER_REFUSALS = [
+    ("top_k", 7, ValueError, f"{_K}7, num_experts=6"),
+    ("top_k", 0, ValueError, "top_k must be >= 1, got 0"),
+    ("num_experts, top_k", (0, 1), ValueError, "num_experts must be >= 1, got 0"),
+    ("d_model", 0, ValueError, "d_model must be >= 1, got 0"),
+    ("d_ff", 2.0, TypeError, "d_ff must be an int, got float"),
+    ("capacity_factor", 0, ValueError, f"{_CAPACITY} 0"),
+    ("capacity_factor", -1.5, ValueError, f"{_CAPACITY} -1.5"),
+    ("dispatch", "scatter", ValueError, "dispatch must be one of ('grouped', 'loop'), got 'scatter'"),
+    ("gating", "sigmoid", ValueError, f"gating must be one of {_GATINGS}, got 'sigmoid'"),
+    ("activation", "relu", ValueError, "activation must be one of ('gelu', 'silu', 'swiglu'), got 'relu'"),
+]
 
 
-def test_bad_attribute_and_input_errors_name_the_argument():
+@pytest.mark.parametrize("argument, bad, error, message", rows(LAYER_REFUSALS))
+def test_layer_refusals(argument, bad, error, message):
+    assert_refuses(MoE, dict(d_model=16, d_ff=32, num_experts=6, top_k=2), argument, bad, error, message)
+
+
+_X = "x must have shape (B, T, d_model"
+FORWARD_REFUSALS = [
+    ("x", torch.randn(2, 3, 8), ValueError, f"{_X}=16), got (2, 3, 8)"),
+    ("x", torch.randn(6, 16), ValueError, f"{_X}) (3 dims), got (6, 16)"),
+    ("x", torch.randn(0, 3, 16), ValueError, f"{_X}) with every size >= 1, got (0, 3, 16)"),
+    (
+        "x",
+        torch.ones(2, 3, 16, dtype=torch.long),
+        TypeError,
+        "x must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+    (
+        "x",
+        torch.randn(2, 3, 16).double(),
+        ValueError,
+        "x must match the layer's weights (torch.float32 on cpu), got torch.float64 on cpu",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
+@pytest.mark.parametrize("forward", ["forward", "moe_ref"])
+def test_forward_refusals(forward, argument, bad, error, message):
     moe = _layer()
-    with pytest.raises(ValueError, match="dispatch must be one of"):
+    call = moe if forward == "forward" else (lambda x: moe_ref(moe, x))
+    assert_refuses(call, {}, argument, bad, error, message)
+
+
+def test_attributes_are_checked_when_set():
+    moe = _layer()
+    with pytest.raises(ValueError, match=r"dispatch must be one of \('grouped', 'loop'\), got 'fast'"):
         moe.dispatch = "fast"
-    with pytest.raises(ValueError, match="capacity_factor must be a finite number > 0"):
+    with pytest.raises(ValueError, match=f"{_CAPACITY} 0.0"):
         moe.capacity_factor = 0.0
-    with pytest.raises(TypeError, match="capacity_factor must be a real number"):
+    with pytest.raises(TypeError, match="capacity_factor must be a real number or None, got str"):
         moe.capacity_factor = "1.25"
-    with pytest.raises(ValueError, match=r"x must have shape \(B, T, d_model=16\), got \(2, 3, 8\)"):
-        moe(torch.randn(2, 3, 8))
-    with pytest.raises(ValueError, match=r"x must have shape \(B, T, d_model\)"):
-        moe(torch.randn(6, 16))
-    with pytest.raises(TypeError, match="x must have a floating dtype"):
-        moe(torch.ones(2, 3, 16, dtype=torch.long))
-    with pytest.raises(ValueError, match="top_k must be <= the number of experts E=4"):
-        load_balancing_loss(torch.randn(5, 4), 5)
-    with pytest.raises(ValueError, match="router_logits must have shape"):
-        router_z_loss(torch.randn(5))
-    with pytest.raises(ValueError, match="at least one layer"):
-        load_balancing_loss([], 1)
-    with pytest.raises(ValueError, match="same E=4"):
-        load_balancing_loss([torch.randn(5, 4), torch.randn(5, 6)], 1)
-    with pytest.raises(TypeError, match="pooled must be a bool"):
-        load_balancing_loss(torch.randn(5, 4), 1, pooled="yes")
-    with pytest.raises(ValueError, match="capacity_factor must be a finite number > 0"):
-        expert_capacity(10, 4, 1, 0)
-    with pytest.raises(ValueError, match="top_k must be <= num_experts"):
-        moe_param_counts(16, 32, 2, 3)
 
 
-@pytest.mark.parametrize(
-    "call, words",
-    [
-        (lambda: route_top_k(torch.zeros(4, 3, 2), 1), "(N, E)"),
-        (lambda: route_top_k(torch.zeros(4, 3), 4), "top_k must be <="),
-        (lambda: route_top_k(torch.zeros(4, 3), 0), "top_k"),
-        (lambda: route_top_k(torch.zeros(4, 3), 1, "softmax"), "gating must be one of"),
-        (lambda: route_top_k(torch.zeros(4, 3, dtype=torch.long), 1), "logits"),
-        (lambda: switch_loss(torch.zeros(4, 3), 5), "top_k must be <="),
-        (lambda: switch_loss(torch.zeros(12), 1), "(N, E)"),
-    ],
-)
-def test_route_top_k_and_switch_loss_refuse_bad_arguments_by_name(call, words):
-    with pytest.raises((TypeError, ValueError), match=re.escape(words)):
-        call()
+_E = "top_k must be <= the number of experts E, got top_k="
+_LOGITS = "logits must have shape (N, E) (2 dims), got"
+OTHER_REFUSALS = [
+    (route_top_k, dict(logits=torch.zeros(4, 3, 2), top_k=1), ValueError, f"{_LOGITS} (4, 3, 2)"),
+    (route_top_k, dict(logits=torch.zeros(4, 3), top_k=4), ValueError, f"{_E}4, E=3"),
+    (route_top_k, dict(logits=torch.zeros(4, 3), top_k=0), ValueError, "top_k must be >= 1, got 0"),
+    (
+        route_top_k,
+        dict(logits=torch.zeros(4, 3), top_k=1, gating="softmax"),
+        ValueError,
+        f"gating must be one of {_GATINGS}, got 'softmax'",
+    ),
+    (
+        route_top_k,
+        dict(logits=torch.zeros(4, 3, dtype=torch.long), top_k=1),
+        TypeError,
+        "logits must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+    (switch_loss, dict(logits=torch.zeros(4, 3), top_k=5), ValueError, f"{_E}5, E=3"),
+    (switch_loss, dict(logits=torch.zeros(12), top_k=1), ValueError, f"{_LOGITS} (12,)"),
+    (load_balancing_loss, dict(router_logits=torch.randn(5, 4), top_k=5), ValueError, f"{_E}5, E=4"),
+    (
+        load_balancing_loss,
+        dict(router_logits=[], top_k=1),
+        ValueError,
+        "router_logits must hold at least one layer's (N, E) logits, got an empty sequence",
+    ),
+    (
+        load_balancing_loss,
+        dict(router_logits=[torch.randn(5, 4), torch.randn(5, 6)], top_k=1),
+        ValueError,
+        "every layer's router logits must have the same E=4, got (5, 6) at router_logits[1]",
+    ),
+    (
+        load_balancing_loss,
+        dict(router_logits=torch.randn(5, 4), top_k=1, pooled="yes"),
+        TypeError,
+        "pooled must be a bool, got str",
+    ),
+    (
+        router_z_loss,
+        dict(router_logits=torch.randn(5)),
+        ValueError,
+        "router_logits must have shape (N, E) or (B, T, E) and hold a token, got (5,)",
+    ),
+    (expert_capacity, dict(num_tokens=10, num_experts=4, top_k=1, capacity_factor=0), ValueError, f"{_CAPACITY} 0"),
+    (moe_param_counts, dict(d_model=16, d_ff=32, num_experts=2, top_k=3), ValueError, f"{_K}3, num_experts=2"),
+    (
+        moe_param_counts,
+        dict(d_model=16, d_ff=32, num_experts=2, top_k=1, n_head=5),
+        ValueError,
+        "d_model (16) must be divisible by n_head (5), and n_head by n_kv_head (5)",
+    ),
+]
+
+
+@pytest.mark.parametrize("fn, args, error, message", OTHER_REFUSALS, ids=lambda v: getattr(v, "__name__", None))
+def test_routing_losses_and_counts_refusals(fn, args, error, message):
+    with pytest.raises(error) as info:
+        fn(**args)
+    assert str(info.value) == message
 
 
 def test_switch_loss_of_one_layer_is_load_balancing_loss_of_that_layer():

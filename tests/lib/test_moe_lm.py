@@ -54,7 +54,10 @@ def test_train_moe_lm_records_load_per_step_and_is_reproducible():
 
 def test_moe_gpt_refuses_bad_sizes_without_touching_the_random_state():
     state = torch.random.get_rng_state()
-    with pytest.raises(ValueError, match="top_k must be <= num_experts=4"):
+    with pytest.raises(
+        ValueError,
+        match="top_k must be <= num_experts \\(each token picks K distinct experts\\), got top_k=5, num_experts=4",
+    ):
         moe_gpt(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16), num_experts=4, top_k=5)
     assert torch.equal(torch.random.get_rng_state(), state)
 
