@@ -5,14 +5,15 @@ course's machinery (its claims ledger, the benchmarks, lesson 08's judging, prec
 the capability check, the hosted setup, the lesson map, the exercise checks, the training replay
 cache) lives in `lib.course`, which nothing outside it in `lib` imports. Imports flow one way:
 lib.course -> models -> layers -> kernels -> `kernels.runtime` (the one place that imports
-Triton), with `_checks` and `_replay` at the bottom; `lib` imports nothing from `widgets`
+Triton), with `_checks`, `_door` and `_replay` at the bottom; `lib` imports nothing from `widgets`
 (tests/project/test_layers.py reads the graph). Importing `lib` changes one thing outside it:
 without a CUDA GPU it sets TRITON_INTERPRET=1 unless the variable is set (`kernels.runtime`),
 because Triton fixes its mode at its first import and torch's own modules (the FLOP counter,
 torch.compile) import triton: waiting for the first kernel call would be too late.
 
-Public functions check their arguments once, at the door (`_checks`); `lib.debug(True)` adds the
-value scans (NaN, id ranges, mask rows) everywhere.
+Public functions check their arguments once, at the door: a contract declared one line per
+argument (`_door`), or a check written out (`_checks`); inside lib's own loops the doors step aside,
+and `lib.debug(True)` runs every check everywhere.
 
     the equation     masks (M as an additive matrix), attention (softmax(QKᵀ/√D + M)V, every
                      backend behind one door), rope, norms

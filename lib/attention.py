@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib._checks import door
+from lib._door import door
 from lib.masks import causal_mask
 
 __all__ = [

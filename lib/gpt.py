@@ -41,13 +41,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import (
-    DECODER_FORWARD,
     require_int,
     require_rank,
     require_state_dict_fits,
     require_targets,
     require_tensor,
 )
+from lib._door import DECODER_FORWARD
 from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
 from lib.masks import padding_mask

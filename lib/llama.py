@@ -35,10 +35,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib._checks import (
-    DECODER_FORWARD,
     require_int,
     require_state_dict_fits,
 )
+from lib._door import DECODER_FORWARD
 from lib.attention import BACKENDS, attention, attention_weights
 from lib.kernels.matvec import column_major, is_column_major, linear
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes

@@ -49,7 +49,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import door, require_tensor
+from lib._checks import require_tensor
+from lib._door import door
 
 __all__ = [
     "ACTIVATIONS",

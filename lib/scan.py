@@ -49,7 +49,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib._checks import door, inputs_checked, require_int, require_tensor
+from lib._checks import inputs_checked, require_int, require_tensor
+from lib._door import door
 from lib.kernels.runtime import require_kernel_device, work_dtype
 
 __all__ = [

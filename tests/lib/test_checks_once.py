@@ -12,12 +12,14 @@ import torch
 
 import lib
 import lib._checks as checks
+import lib._door
 from lib.attention import attention
 from lib.decode import generate
 from lib.kv_cache import KVCache
 
 LIB = str(Path(lib.__file__).resolve().parent)
 CHECKS = str(Path(checks.__file__).resolve())
+DOOR = str(Path(lib._door.__file__).resolve())
 
 
 def calls_per_token(model, prompt, new_tokens: int = 6, **knobs) -> Counter:
@@ -43,12 +45,13 @@ def calls_per_token(model, prompt, new_tokens: int = 6, **knobs) -> Counter:
 
 
 def helpers(per_token: Counter) -> dict:
-    """Check helpers per token: the functions of lib._checks and every _check_* of any module; not
-    `checking` (the guard) nor `_door` (a declared door, which only asks `checking` when trusted)."""
+    """Check helpers per token: the functions of lib._checks and lib._door and every _check_* of any
+    module; not `checking` (the guard) nor `_door` (a declared door, which only asks `checking` when
+    trusted)."""
     return {
         name: n
         for (file, name), n in per_token.items()
-        if (file == CHECKS or name.startswith("_check") or name.startswith("require_"))
+        if (file in (CHECKS, DOOR) or name.startswith("_check") or name.startswith("require_"))
         and name not in ("checking", "_door")
     }
 
