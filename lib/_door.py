@@ -31,19 +31,20 @@ __all__ = ["DECODER_FORWARD", "door"]
 #     def attention_ref(q, k, v, mask=None, causal=False, scale=None): ...math only...
 #
 # Tensor kinds: float, int (int64 or int32), bool, tensor (any dtype), additive (a floating mask of 0
-# and -inf: no NaN, no +inf), padding (a (B, S) mask of 1 = token, 0 = padding, left-padded), ids
-# (int64 or int32; with `< bound` its values in [0, bound), the bound an int argument or an attribute
-# path such as self.config.vocab_size). Layouts: named sizes (each >= 1, the same wherever the name
-# recurs), digits, `_` (any size), `X?` (X or 1), a leading `...`
-# (any leading dims, the same in every tensor). `|` separates alternatives; `| None` allows None.
-# Scalars: "int >= 1", "real > 0", "real >= 0", "bool", "str". Every tensor must be on the first
-# tensor's device. `where` rules are Python expressions over the sizes, the arguments (sizes win a
-# clash of names) and the declaring module's globals, checked in order after the arguments; a rule
-# naming a tensor reads its data (a value scan). A failed rule's message is followed by the values
-# it names ("..., got H=4, H_kv=3"), or is an f-string over the same names. A callable stands for a
-# check written out: it is called as check(name, value). Arguments are checked in declared order.
-_KINDS = {"float", "int", "bool", "tensor", "additive", "ids", "padding"}
-_SCALARS = {"int", "real", "bool", "str"}
+# and -inf: no NaN, no +inf), logits (floating, no NaN, no +inf), padding (a (B, S) mask of 1 =
+# token, 0 = padding, left-padded), ids (int64 or int32; with `< bound` its values in [0, bound),
+# the bound an int argument or an attribute path such as self.config.vocab_size). Layouts: named
+# sizes (each >= 1, the same wherever the name recurs), digits, `_` (any size), `X?` (X or 1), a
+# leading `...` (any leading dims, the same in every tensor). `|` separates alternatives; `| None`
+# allows None. Scalars: "int >= 1", "real > 0", "real >= 0", "bool", "str", "instance torch.Generator"
+# (a class the declaring module can name). Every tensor must be on the first tensor's device.
+# `where` rules are Python expressions over the sizes, the arguments (sizes win a clash of names)
+# and the declaring module's globals, checked in order after the arguments; a rule naming a tensor
+# reads its data (a value scan). A failed rule's message is followed by the values it names
+# ("..., got H=4, H_kv=3"), or is an f-string over the same names. A callable stands for a check
+# written out: it is called as check(name, value). Arguments are checked in declared order.
+_KINDS = {"float", "int", "bool", "tensor", "additive", "logits", "ids", "padding"}
+_SCALARS = {"int", "real", "bool", "str", "instance"}
 
 
 def _parse_layout(text: str) -> tuple[str, ...]:
@@ -182,7 +183,7 @@ class door:
             elif value is None and arg.optional:
                 continue
             elif not arg.layouts:
-                self._scalar(arg, value)
+                self._scalar(arg, value, self.scope)
             else:
                 self._tensor(arg, value, sizes, values, first, later)
                 first = first or name
@@ -207,8 +208,13 @@ class door:
         return dims
 
     @staticmethod
-    def _scalar(arg: _Arg, value) -> None:
+    def _scalar(arg: _Arg, value, scope: dict) -> None:
         name, kind = arg.name, arg.kind
+        if kind == "instance":  # "instance torch.Generator": an object of that class
+            cls = _attr(arg.cmp[0], scope)
+            if not isinstance(value, cls):
+                maybe = " or None" if arg.optional else ""
+                raise TypeError(f"{name} must be a {arg.cmp[0]}{maybe}, got {type(value).__name__}")
         if kind == "bool" and not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         if kind == "str" and not isinstance(value, str):
@@ -229,7 +235,7 @@ class door:
         if not isinstance(value, torch.Tensor):
             maybe = " or None" if arg.optional else ""
             raise TypeError(f"{name} must be a torch.Tensor{maybe}, got {type(value).__name__}")
-        if kind in ("float", "additive") and not value.is_floating_point():
+        if kind in ("float", "additive", "logits") and not value.is_floating_point():
             if kind == "additive":
                 hint = "; convert with lib.masks.additive_from_bool(keep)" if value.dtype == torch.bool else ""
                 raise TypeError(
@@ -252,7 +258,7 @@ class door:
         ]
         if not layouts:
             dims = " or ".join(f"{len(lay)}" if lay[:1] != ("...",) else f">= {len(lay) - 1}" for lay in arg.layouts)
-            raise ValueError(f"{name} must {arg.describe()} ({dims} dims), got {shape}")
+            raise ValueError(f"{name} must {arg.describe()} ({dims} dim{'' if dims == '1' else 's'}), got {shape}")
         layout = whole = layouts[0]
         if layout[0] == "...":  # any leading dims, the same in every tensor that declares them
             layout, lead, shape = (
@@ -286,7 +292,7 @@ class door:
             later.append(lambda: require_left_padded(name, value))
         if arg.bound is not None and scan_values():
             later.append(lambda: door._in_range(name, value, arg.bound, values))
-        if kind == "additive" and scan_values():
+        if kind in ("additive", "logits") and scan_values():
             later.append(lambda: door._no_nan(name, value))
 
     @staticmethod

@@ -24,12 +24,9 @@ Conventions:
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
-from lib._checks import checking, require_int, require_rank, require_tensor, scan_values
+from lib._door import door
 
 __all__ = [
     "apply_temperature",
@@ -44,59 +41,22 @@ __all__ = [
 NEG_INF = float("-inf")
 
 
-# --------------------------------------------------------------------------- input checks
-def _check_logits(name: str, logits) -> torch.Tensor:
-    require_tensor(name, logits, floating=True)
-    if logits.dim() == 0 or logits.shape[-1] == 0:
-        raise ValueError(f"{name} must have shape (..., V) with V >= 1, got {tuple(logits.shape)}")
-    if not scan_values():
-        return logits
-    if bool(torch.isnan(logits).any()):
-        raise ValueError(f"{name} must not contain NaN")
-    if bool(torch.isposinf(logits).any()):
-        raise ValueError(f"{name} must not contain +inf (softmax of it is NaN)")
-    return logits
-
-
-def _require_finite_row(name: str, logits: torch.Tensor) -> None:
-    """Sampling needs at least one token per row that has not been ruled out."""
-    if scan_values() and bool(torch.isneginf(logits).all(dim=-1).any()):
-        raise ValueError(f"{name} has a row that is entirely -inf: no token left to choose")
-
-
-def _real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if math.isnan(value):
-        raise ValueError(f"{name} must not be NaN")
-    return value
-
-
-def _check_temperature(temperature, *, allow_zero: bool) -> float:
-    t = _real("temperature", temperature)
-    if not math.isfinite(t) or t < 0 or (t == 0 and not allow_zero):
-        want = ">= 0 (0 means greedy)" if allow_zero else "> 0 (callers treat 0 as greedy decoding)"
-        raise ValueError(f"temperature must be finite and {want}, got {temperature!r}")
-    return t
-
-
-def _check_p(name: str, p) -> float:
-    value = _real(name, p)
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"{name} must be in (0, 1], got {p!r}")
-    return value
+# --------------------------------------------------------------------------- the contract
+_KNOBS = door(
+    logits="logits (..., V)",
+    temperature="real >= 0",
+    top_k="int >= 1 | None",
+    top_p="real > 0 | None",
+    generator="instance torch.Generator | None",
+    where={"top_p is None or top_p <= 1": "top_p must be in (0, 1], got {top_p!r}"},
+)
 
 
 def check_sampling_knobs(temperature, top_k, top_p) -> tuple[float, int | None, float | None]:
-    """temperature >= 0, top_k an int >= 1 or None, top_p in (0, 1] or None (clear errors otherwise):
-    what every sampler here, and every generate, checks at its door."""
-    t = _check_temperature(temperature, allow_zero=True)
-    if top_k is not None:
-        require_int("top_k", top_k, minimum=1)
-    if top_p is not None:
-        top_p = _check_p("top_p", top_p)
-    return t, top_k, top_p
+    """temperature >= 0 (0: greedy), top_k an int >= 1 or None, top_p in (0, 1] or None: what
+    every sampler here, and every generate, checks at its door; returned as float, int, float."""
+    _KNOBS.check(temperature=temperature, top_k=top_k, top_p=top_p)
+    return float(temperature), top_k, None if top_p is None else float(top_p)
 
 
 def _work(logits: torch.Tensor) -> torch.Tensor:
@@ -105,14 +65,13 @@ def _work(logits: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the filters
+@_KNOBS.plus(where={"temperature > 0": "temperature must be > 0 here (callers treat 0 as greedy decoding)"})
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature: T < 1 sharpens the distribution, T > 1 flattens it; T > 0 here."""
-    if checking():
-        _check_logits("logits", logits)
-        _check_temperature(temperature, allow_zero=False)
     return logits / float(temperature)
 
 
+@door(logits="logits (..., V)", k="int >= 1")
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Set every logit below the k-th largest of its row to −inf; logits (..., V) -> (..., V).
 
@@ -120,15 +79,13 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     repeat (the convention of Hugging Face's TopKLogitsWarper and nanoGPT: `x < kth` is cut).
     k >= V returns an unchanged copy.
     """
-    if checking():
-        _check_logits("logits", logits)
-        require_int("k", k, minimum=1)
     if k >= logits.shape[-1]:
         return logits.clone()
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
+@door(logits="logits (..., V)", p="real > 0", where={"p <= 1": "p must be in (0, 1], got {p!r}"})
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Nucleus filtering: keep the smallest set of most probable tokens holding mass p; (..., V).
 
@@ -148,9 +105,6 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     (HF's warper still cuts tokens whose probability underflows to 0; HF's generate does not run
     the warper at top_p = 1).
     """
-    if checking():
-        _check_logits("logits", logits)
-        _check_p("p", p)
     if p == 1.0:
         return logits.clone()
     sorted_logits, order = torch.sort(logits, dim=-1)  # ascending: the most probable token is last
@@ -171,6 +125,7 @@ def _greedy_only(logits: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~keep, NEG_INF)
 
 
+@_KNOBS
 def filter_logits(
     logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> torch.Tensor:
@@ -179,9 +134,6 @@ def filter_logits(
     softmax of the result is the distribution `sample_next_token` draws from. top_p acts on the
     tempered, top-k-filtered distribution. temperature == 0 keeps only each row's argmax (greedy).
     """
-    if checking():
-        _check_logits("logits", logits)
-        temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
     if temperature == 0:
         return _greedy_only(logits)
     z = logits / float(temperature)  # apply_temperature, its arguments checked above
@@ -193,6 +145,10 @@ def filter_logits(
 
 
 # --------------------------------------------------------------------------- sampling
+_ONE_LEFT = {"not torch.isneginf(logits).all(-1).any()": "logits has a row that is all -inf: no token left to choose"}
+
+
+@_KNOBS.plus(logits="logits (B, V)", where=_ONE_LEFT)
 def sample_next_token(
     logits: torch.Tensor,
     *,
@@ -206,13 +162,6 @@ def sample_next_token(
     temperature == 0 is greedy decoding (argmax; top_k and top_p change nothing then). Otherwise
     a draw with `generator` from softmax(filter_logits(logits, temperature=..., top_k=..., top_p=...)).
     """
-    if checking():
-        _check_logits("logits", logits)
-        require_rank("logits", logits, 2, "(B, V)")
-        _require_finite_row("logits", logits)
-        temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
     # Subtracting each row's max changes no probability and no filter decision, and keeps a tiny
@@ -223,6 +172,7 @@ def sample_next_token(
     return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B, 1) -> (B,)
 
 
+@_KNOBS.plus(logits="logits (V,)", where=_ONE_LEFT)
 def next_token_distribution(
     logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> dict[str, torch.Tensor]:
@@ -240,10 +190,6 @@ def next_token_distribution(
 
     At temperature 0 (greedy) the filters are not applied: both kept_by_* masks are all True.
     """
-    _check_logits("logits", logits)
-    require_rank("logits", logits, 1, "(V,)")
-    _require_finite_row("logits", logits)
-    temperature, top_k, top_p = check_sampling_knobs(temperature, top_k, top_p)
     p_raw = torch.softmax(logits.float(), dim=-1)
     all_true = torch.ones_like(logits, dtype=torch.bool)
     if temperature == 0:

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from lib.sampling import (
@@ -299,60 +300,76 @@ def test_next_token_distribution_blames_each_cut_on_one_filter():
 X = random_logits(2, 5, seed=0)
 
 
-@pytest.mark.parametrize(
-    "kwargs, error, name",
-    [
-        ({"temperature": -0.1}, ValueError, "temperature"),
-        ({"temperature": float("nan")}, ValueError, "temperature"),
-        ({"temperature": "hot"}, TypeError, "temperature"),
-        ({"top_k": 0}, ValueError, "top_k"),
-        ({"top_k": 2.5}, TypeError, "top_k"),
-        ({"top_k": True}, TypeError, "top_k"),
-        ({"top_p": 0}, ValueError, "top_p"),
-        ({"top_p": 1.5}, ValueError, "top_p"),
-        ({"top_p": -0.2}, ValueError, "top_p"),
-        ({"generator": 0}, TypeError, "generator"),
-    ],
-)
-def test_bad_knobs_are_refused_with_their_name(kwargs, error, name):
-    with pytest.raises(error, match=name):
-        sample_next_token(X, **kwargs)
-    if name != "generator":
-        with pytest.raises(error, match=name):
-            filter_logits(X, **kwargs)
-        with pytest.raises(error, match=name):
-            next_token_distribution(X[0], **kwargs)
+_FINITE = "must be a finite number"
+KNOB_REFUSALS = [
+    ("temperature", -0.1, ValueError, f"temperature {_FINITE} >= 0, got -0.1"),
+    ("temperature", float("nan"), ValueError, f"temperature {_FINITE} >= 0, got nan"),
+    ("temperature", "hot", TypeError, "temperature must be a real number, got str"),
+    ("top_k", 0, ValueError, "top_k must be >= 1, got 0"),
+    ("top_k", 2.5, TypeError, "top_k must be an int, got float"),
+    ("top_k", True, TypeError, "top_k must be an int, got bool"),
+    ("top_p", 0, ValueError, f"top_p {_FINITE} > 0 or None, got 0"),
+    ("top_p", -0.2, ValueError, f"top_p {_FINITE} > 0 or None, got -0.2"),
+    ("top_p", 1.5, ValueError, "top_p must be in (0, 1], got 1.5"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(KNOB_REFUSALS))
+@pytest.mark.parametrize("fn", [sample_next_token, filter_logits, next_token_distribution], ids=lambda f: f.__name__)
+def test_knob_refusals(fn, argument, bad, error, message):
+    assert_refuses(fn, {"logits": X[0] if fn is next_token_distribution else X}, argument, bad, error, message)
+
+
+_NO_NAN = "logits must hold finite values or -inf (no NaN, no +inf)"
+SAMPLE_REFUSALS = [
+    ("generator", 0, TypeError, "generator must be a torch.Generator or None, got int"),
+    (
+        "logits",
+        torch.arange(10).view(2, 5),
+        TypeError,
+        "logits must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+    ("logits", X[0], ValueError, "logits must have shape (B, V) (2 dims), got (5,)"),
+    ("logits", X[None], ValueError, "logits must have shape (B, V) (2 dims), got (1, 2, 5)"),
+    ("logits", torch.tensor([[0.0, float("nan")]]), ValueError, _NO_NAN),
+    ("logits", torch.tensor([[0.0, float("inf")]]), ValueError, _NO_NAN),
+    (
+        "logits",
+        torch.full((2, 3), float("-inf")),
+        ValueError,
+        "logits has a row that is all -inf: no token left to choose",
+    ),
+    ("logits", torch.zeros(2, 0), ValueError, "logits must have shape (B, V) with every size >= 1, got (2, 0)"),
+    ("logits", [[0.0, 1.0]], TypeError, "logits must be a torch.Tensor, got list"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(SAMPLE_REFUSALS))
+def test_sample_next_token_refusals(argument, bad, error, message):
+    assert_refuses(sample_next_token, {"logits": X}, argument, bad, error, message)
 
 
 @pytest.mark.parametrize(
-    "logits, error, match",
+    "fn, args, error, message",
     [
-        (torch.arange(10).view(2, 5), TypeError, "floating"),
-        (X[0], ValueError, r"\(B, V\)"),
-        (X[None], ValueError, r"\(B, V\)"),
-        (torch.tensor([[0.0, float("nan")]]), ValueError, "NaN"),
-        (torch.tensor([[0.0, float("inf")]]), ValueError, r"\+inf"),
-        (torch.full((2, 3), float("-inf")), ValueError, "entirely -inf"),
-        (torch.zeros(2, 0), ValueError, "V >= 1"),
-        ([[0.0, 1.0]], TypeError, "torch.Tensor"),
+        (
+            apply_temperature,
+            (X, 0),
+            ValueError,
+            "temperature must be > 0 here (callers treat 0 as greedy decoding), got temperature=0",
+        ),
+        (top_k_filter, (X, 0), ValueError, "k must be >= 1, got 0"),
+        (top_p_filter, (X, 0.0), ValueError, f"p {_FINITE} > 0, got 0.0"),
+        (top_p_filter, (X, 1.5), ValueError, "p must be in (0, 1], got 1.5"),
+        (top_p_filter, (torch.tensor([float("nan"), 0.0]), 0.5), ValueError, _NO_NAN),
+        (next_token_distribution, (X,), ValueError, "logits must have shape (V,) (1 dim), got (2, 5)"),
     ],
+    ids=lambda v: getattr(v, "__name__", None),
 )
-def test_bad_logits_are_refused(logits, error, match):
-    with pytest.raises(error, match=match):
-        sample_next_token(logits)
-
-
-def test_the_filters_refuse_bad_arguments_by_name():
-    with pytest.raises(ValueError, match="temperature"):
-        apply_temperature(X, 0)
-    with pytest.raises(ValueError, match="k must be >= 1"):
-        top_k_filter(X, 0)
-    with pytest.raises(ValueError, match="p must be in"):
-        top_p_filter(X, 0.0)
-    with pytest.raises(ValueError, match="NaN"):
-        top_p_filter(torch.tensor([float("nan"), 0.0]), 0.5)
-    with pytest.raises(ValueError, match=r"\(V,\)"):
-        next_token_distribution(X)
+def test_the_filters_refusals(fn, args, error, message):
+    with pytest.raises(error) as info:
+        fn(*args)
+    assert str(info.value) == message
 
 
 def test_a_tiny_temperature_is_greedy_not_nan():
