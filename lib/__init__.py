@@ -17,21 +17,25 @@ and `lib.debug(True)` runs every check everywhere.
 
     the equation     masks (M as an additive matrix), attention (softmax(QKᵀ/√D + M)V, every
                      backend behind one door), rope, norms
-    encoder          bert (the encoder, real all-MiniLM-L6-v2 weights, MLM corruption)
+    encoder          bert (the encoder, real all-MiniLM-L6-v2 weights, MLM corruption), bert_mlm
+                     (masked-LM pretraining, the initialisation experiment)
     encoder-decoder  encdec (BERT's layer, a causal decoder and cross-attention; == HF BART)
     decoders         gpt (== Hugging Face GPT-2), llama (== HF Llama; grouped-query attention,
                      RoPE, RMSNorm, SwiGLU) and smollm2 (the real SmolLM2-135M loaded into it, with
-                     quant, GGUF's Q4_1 and Q8_0 blocks), mamba (selective SSM, mixer, LM), hybrid,
-                     moe (the layer) and moe_lm (a small MoE LM, its router experiment),
+                     quant, GGUF's Q4_1 and Q8_0 blocks), mamba (the selective SSM, the mixer) and
+                     mamba_lm (the language model around it), hybrid, moe (the layer), moe_counts
+                     (total vs active parameters), moe_lm (a small MoE LM, its router experiment),
                      moe_parallel (experts over processes)
     decoding         decode (the Decoder protocol, one `generate`), sampling, kv_cache,
                      paging (PagedAttention's block table), serving (the memory simulator),
-                     workload (the requests it serves)
-    the scan         scan (contract, reference, chunked, doubling, fused, one `SCANS` table),
+                     serving_result (what a run measured), workload (the requests it serves)
+    the scan         scan (contract, reference, the front doors, one `SCANS` table),
+                     scan_parallel (the chunked and doubling scans around one combine),
                      lti (a time-invariant SSM as a convolution), ssd (the selective SSM as a
                      masked attention), conv (the mixer's short convolution)
-    kernels          kernels.flash, kernels.scan (Triton), kernels.scan_cpu (C), kernels.matvec
-                     (a decode step's products on a CPU), kernels.runtime
+    kernels          kernels.flash and kernels.flash_backward, kernels.scan (Triton),
+                     kernels.scan_cpu and kernels.cpu_layers (C), kernels.matvec (a decode step's
+                     products on a CPU), kernels.runtime
     training         train (the one loop, schedules, the LM recipe), tasks (synthetic tasks),
                      lora, corpus
     measuring        probes (attention sinks, previous-token and induction heads)

@@ -310,16 +310,17 @@ class door:
             )
 
 
-# The door of every decoder's forward in lib (GPT and the models built on it, Llama): token ids that
-# fit the vocabulary and the context from `start`, on the model's device, and caches that fit them.
+# The door of every decoder's forward in lib (GPT and the models built on it, Llama, MambaLM): token
+# ids that fit the vocabulary and the context from `start` (a `block_size` of None: no limit), on
+# the model's device, and caches that fit them.
 DECODER_FORWARD = door(
     start="int >= 0",
     idx="ids (B, T) < self.config.vocab_size",
     targets="int (B, T) | None",
     attention_mask="padding (B, S) | None",
     where={
-        "start + T <= self.config.block_size": "idx has T={T} tokens from position {start}, past the context "
-        "block_size={self.config.block_size}",
+        "self.block_size is None or start + T <= self.block_size": "idx has T={T} tokens from position {start}, "
+        "past the context block_size={self.block_size}",
         "idx.device == self.get_input_embeddings().weight.device": "idx must be on the model's device "
         "{self.get_input_embeddings().weight.device}, got {idx.device}",
         "caches is not None or not start": "start > 0 needs caches: without them the earlier positions are not "

@@ -1,6 +1,6 @@
 """Where a training run can be replayed instead of repeated: one decorator, no policy.
 
-The training functions (`lib.train.train_lm`, `lib.tasks.train_on_task`, `lib.bert.train_mlm`,
+The training functions (`lib.train.train_lm`, `lib.tasks.train_on_task`, `lib.bert_mlm.train_mlm`,
 `lib.moe_lm.train_moe_lm`) are marked `@replayable`. Left alone, the mark does nothing but call
 the function. The course's replay cache (`lib.course.training_cache`) plugs a player in with
 `set_player`, and the player decides, from ONEMASK_TRAINING_CACHE, whether to replay a run made

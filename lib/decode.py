@@ -1,6 +1,6 @@
 """Decoding: one protocol every course decoder follows, one `generate` that drives them all.
 
-A decoder (lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt's GPT, lib.mamba.MambaLM,
+A decoder (lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt's GPT, lib.mamba_lm.MambaLM,
 lib.hybrid.HybridGPT) is an nn.Module with
 
     vocab_size, block_size                  the vocabulary; the context limit (None: no limit, a
@@ -134,7 +134,7 @@ def _require_decoder(model) -> None:
         raise TypeError(
             "model must be a decoder (an nn.Module with vocab_size, block_size, new_caches and "
             "cache_bytes, whose forward takes caches and start): lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt, "
-            f"lib.mamba.MambaLM or lib.hybrid.HybridGPT; got {type(model).__name__}"
+            f"lib.mamba_lm.MambaLM or lib.hybrid.HybridGPT; got {type(model).__name__}"
         )
 
 
@@ -144,7 +144,7 @@ def decode_state_bytes(model: Decoder, batch: int, seq_len: int, dtype: torch.dt
     - attention layers (GPT, MoE GPT, a hybrid's "A"): the KV cache, 2 · B · S · H · D · bytes
       each (lib.kv_cache.kv_cache_bytes), growing with S;
     - Mamba layers (MambaLM, a hybrid's "M"): the recurrent state, B · E · (K − 1 + N) · bytes
-      each (lib.mamba.state_bytes), the same at every S.
+      each (lib.mamba_lm.state_bytes), the same at every S.
 
     Exactly the bytes of the tensors `model.new_caches(batch, seq_len)` allocates (the tests
     check it); `dtype` (a torch.dtype or a name of lib.kv_cache.DTYPE_BYTES, "fp16") defaults to

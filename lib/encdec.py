@@ -24,7 +24,8 @@ are a function of the encoder's output only, so `cross_kv` computes them once pe
 every step reuses them; the decoder's own keys and values grow in a `KVCache`, as in lesson 04.
 `greedy_decode` does that; `greedy_decode_ref` recomputes everything at every step.
 
-A task to train it on: `reversal_batch` (write the source backwards), with `seq2seq_loss`.
+A task to train it on, `reversal_batch` (write the source backwards) with `seq2seq_loss`, is in
+lib.tasks.
 
 Glossary: B batch, S source length, T target length, C = d_model, H heads, D = C / H.
 """
@@ -43,7 +44,7 @@ from lib.bert import Bert, BertConfig, BertLayer
 from lib.kv_cache import KVCache
 from lib.masks import cross_attention_mask, padding_mask
 
-__all__ = ["EncDecConfig", "EncoderDecoder", "greedy_decode", "greedy_decode_ref", "reversal_batch", "seq2seq_loss"]
+__all__ = ["EncDecConfig", "EncoderDecoder", "greedy_decode", "greedy_decode_ref"]
 
 _BART_POSITION_OFFSET = 2  # BART's learned positions start at row 2 of their table (a fairseq habit)
 
@@ -415,44 +416,3 @@ def greedy_decode_ref(
         logits = model(input_ids, out, attention_mask)  # (B, t + 1, V)
         out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return out
-
-
-# ---------------------------------------------------------------------- a toy task
-def reversal_batch(
-    step: int,
-    *,
-    batch: int = 64,
-    max_len: int = 8,
-    vocab_size: int = 16,
-    min_len: int = 4,
-    pad_token_id: int = 1,
-    decoder_start_token_id: int = 2,
-) -> dict[str, torch.Tensor]:
-    """A seq2seq batch, the same for the same `step`: sources of min_len..max_len tokens (ids 3 to
-    vocab_size - 1), right-padded; the target is the source backwards. Returns `input_ids`,
-    `attention_mask` (B, S), `decoder_input_ids` (the start token, then the target shifted right)
-    and `labels` (B, S): the target, −100 where it is padding."""
-    require_int("step", step)
-    require_int("max_len", max_len, minimum=1)
-    require_int("min_len", min_len, minimum=1)
-    if min_len > max_len:
-        raise ValueError(f"min_len must be <= max_len, got min_len={min_len} > max_len={max_len}")
-    if require_int("vocab_size", vocab_size, minimum=4) <= max(pad_token_id, decoder_start_token_id, 2):
-        raise ValueError(f"vocab_size must leave ids above the special ones, got {vocab_size}")
-    g = torch.Generator().manual_seed(step)
-    lengths = torch.randint(min_len, max_len + 1, (require_int("batch", batch, minimum=1),), generator=g)
-    keep = torch.arange(max_len) < lengths[:, None]  # (B, S): right padding
-    src = torch.where(keep, torch.randint(3, vocab_size, (batch, max_len), generator=g), pad_token_id)
-    # reverse each row's real tokens, keep the padding at the end: position j reads source n - 1 - j
-    index = (lengths[:, None] - 1 - torch.arange(max_len)).clamp_min(0)
-    target = torch.where(keep, src.gather(1, index), pad_token_id)
-    decoder_in = torch.cat([torch.full((batch, 1), decoder_start_token_id), target[:, :-1]], dim=1)
-    return dict(
-        input_ids=src, attention_mask=keep.long(), decoder_input_ids=decoder_in, labels=torch.where(keep, target, -100)
-    )
-
-
-def seq2seq_loss(model: EncoderDecoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy of the next target token at every target position (teacher forcing)."""
-    logits = model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)

@@ -20,8 +20,8 @@ Attention comes two ways, equal in output (lesson 03 asserts it):
                                  nanoGPT do this; OpenAI's TensorFlow code built it on the fly)
     any lib.attention backend    ("auto" = SDPA with is_causal=True, "naive", "chunked", ...)
 
-Also here: `clm_loss` (the next-token loss with its one-position shift) and `forward_flops`;
-training is `lib.train.train_lm`. A GPT is a `lib.decode.Decoder`: `new_caches` gives each layer
+Also here: `forward_flops`; the next-token loss with its one-position shift is
+`lib.train.clm_loss`, training `lib.train.train_lm`. A GPT is a `lib.decode.Decoder`: `new_caches` gives each layer
 a KV cache (lib.kv_cache) and `forward` takes them, so `lib.decode.generate` samples from it
 (greedy, temperature, top-k, top-p). Hugging Face stores GPT-2's projections as `Conv1D`, whose weight
 is the transpose of `nn.Linear`'s; `load_checkpoint` transposes them.
@@ -40,20 +40,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import (
-    require_int,
-    require_rank,
-    require_state_dict_fits,
-    require_targets,
-    require_tensor,
-)
+from lib._checks import require_int, require_state_dict_fits
 from lib._door import DECODER_FORWARD
 from lib.attention import BACKENDS, attention, safe_softmax
 from lib.kv_cache import KVCache, dtype_bytes, kv_cache_bytes
 from lib.masks import padding_mask
 from lib.rope import apply_rope, rope_cos_sin
 
-__all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "clm_loss", "forward_flops"]
+__all__ = ["Block", "CausalSelfAttention", "GPT", "GPTConfig", "MLP", "forward_flops"]
 
 POSITIONS = ("learned", "rope")
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # HF name -> F.gelu approximate
@@ -422,25 +416,6 @@ class GPT(nn.Module):
         gpt = cls(config)
         gpt.load_checkpoint({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()})
         return gpt.to(device=weight.device, dtype=weight.dtype).eval()
-
-
-# --------------------------------------------------------------------------- the loss
-def clm_loss(logits: torch.Tensor, idx: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Causal-LM loss over one sequence batch: position t predicts token t + 1.
-
-    logits (B, T, V) from running the model on idx (B, T). The shift drops the last position's
-    logits (nothing follows it) and the first token (nothing predicts it): T - 1 predictions per
-    row, all trained by one forward pass because the causal mask keeps each from seeing its answer.
-    """
-    require_tensor("logits", logits, floating=True)
-    require_rank("logits", logits, 3, "(B, T, V)")
-    require_targets("idx", idx, tuple(logits.shape[:2]), logits.shape[-1], ignore_index)
-    if idx.shape[1] < 2:
-        raise ValueError(f"idx needs T >= 2 tokens for a next-token loss, got T={idx.shape[1]}")
-    V = logits.shape[-1]
-    pred = logits[:, :-1].reshape(-1, V)  # (B, T-1, V) -> (B(T-1), V): predictions for positions 1..T-1
-    target = idx[:, 1:].reshape(-1)  # (B(T-1),): the tokens that actually came next
-    return F.cross_entropy(pred, target, ignore_index=ignore_index)
 
 
 # --------------------------------------------------------------------------- cost

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from lib.gpt import GPT, Block, GPTConfig
-from lib.mamba import MambaConfig, MambaMixer, refuse_padding
+from lib.mamba import MambaConfig, MambaMixer
+from lib.mamba_lm import refuse_padding
 
 __all__ = ["HybridGPT"]
 

@@ -1,4 +1,4 @@
-"""A small Mamba language model: the selective SSM inside a gated mixer, stacked in residual blocks.
+"""Mamba's layer: the selective SSM inside a gated mixer, and the state it carries while decoding.
 
 Follows Mamba (Gu & Dao 2023, arXiv 2312.00752): §3.2 and Algorithm 2 for the selective SSM (S6),
 §3.4 / Fig. 3 for the block; parameter names and initialisation as in the official
@@ -8,14 +8,11 @@ Follows Mamba (Gu & Dao 2023, arXiv 2312.00752): §3.2 and Algorithm 2 for the s
     MambaConfig    sizes and choices (d_state N, d_conv K, expand, dt_rank R, which scan, which norm)
     SelectiveSSM   Δ, B, C from the input (or fixed: LTI), A = −exp(A_log), the skip D; runs a scan
     MambaMixer     in_proj to x and the gate z, causal conv + SiLU, SelectiveSSM, gate, out_proj
-    MambaBlock     x + mixer(norm(x))
-    MambaLM        embedding -> n_layers × MambaBlock -> norm -> tied head, with `forward(idx,
-                   targets)` like `lib.gpt.GPT` (so `lib.train.train_lm` trains it); a
-                   `lib.decode.Decoder`: `new_caches` gives each layer a `MixerCache` (the conv's
-                   last K − 1 inputs and the SSM state, one size at every position), `forward`
-                   takes them, and `lib.decode.generate` samples from it
-    trace_states   every state h_t of one layer, for drawing; `state_bytes` the state's size (compare
-                   `lib.kv_cache.kv_cache_bytes`, which grows with the context)
+    MixerCache     one mixer's state while decoding: the conv's last K − 1 inputs and the SSM state,
+                   one size at every position (compare `lib.kv_cache.KVCache`, which grows)
+
+The language model stacked from these mixers (MambaBlock, MambaLM, trace_states, state_bytes) is
+`lib.mamba_lm`.
 
 `MambaMixer` also takes `lib.gpt.Block`'s call signature (with a `MixerCache` where attention keeps
 its KV cache), so it can stand in for attention there (`lib.hybrid`). The official layout keeps
@@ -30,30 +27,18 @@ projection (dt_rank), K conv width (d_conv), V vocabulary.
 from __future__ import annotations
 
 import math
-import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_targets, require_token_ids
+from lib._checks import checking, require_int
 from lib.conv import causal_conv1d
 from lib.kv_cache import dtype_bytes
-from lib.norms import RMSNorm
-from lib.scan import SCANS, recurrence
+from lib.scan import SCANS
 
-__all__ = [
-    "MambaBlock",
-    "MambaConfig",
-    "MambaLM",
-    "MambaMixer",
-    "MixerCache",
-    "SelectiveSSM",
-    "refuse_padding",
-    "state_bytes",
-    "trace_states",
-]
+__all__ = ["MambaConfig", "MambaMixer", "MixerCache", "SelectiveSSM"]
 
 
 # --------------------------------------------------------------------------- the model
@@ -99,6 +84,11 @@ class MambaConfig:
     @property
     def d_inner(self) -> int:
         return self.expand * self.d_model
+
+    @property
+    def n_layer(self) -> int:
+        """n_layers under the decoders' name for it (GPTConfig, LlamaConfig): one door checks them all."""
+        return self.n_layers
 
     @classmethod
     def tiny(cls, vocab_size: int = 64, **changes) -> "MambaConfig":
@@ -190,12 +180,6 @@ class SelectiveSSM(nn.Module):
         return y, h
 
 
-def _make_norm(config: MambaConfig) -> nn.Module:
-    if config.norm == "rms":
-        return RMSNorm(config.d_model, eps=config.norm_eps)  # nn.RMSNorm, by a fused loop on a CPU
-    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
-
-
 class MambaMixer(nn.Module):
     """Mamba's mixer (Fig. 3): in_proj to 2·d_inner (x and the gate z), a causal depthwise conv
     of width K on x, SiLU, the selective SSM, y ⊙ SiLU(z), out_proj. (B, T, C) -> (B, T, C).
@@ -227,7 +211,9 @@ class MambaMixer(nn.Module):
 
     def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str) -> int:
         """Bytes of this mixer's state, the same after any number of tokens: B · E · (K − 1 + N) · bytes."""
-        return state_bytes(replace(self.config, n_layers=1), batch, dtype)
+        require_int("batch", batch, minimum=1)
+        c, bpe = self.config, dtype_bytes(torch.float32 if dtype is None else dtype)
+        return math.ceil(batch * c.d_inner * (c.d_conv - 1 + c.d_state) * bpe)
 
     def forward(self, x: torch.Tensor, *, cache=None, start: int = 0, rope=None, mask=None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C): from a zero state, or, with `cache` a `MixerCache` (as
@@ -309,14 +295,15 @@ class MixerCache:
 
     def advance(self, mixer: "MambaMixer", x: torch.Tensor, start: int) -> torch.Tensor:
         """Run `mixer` on x (B, T, C) at positions start..start+T−1 from the held state; keep the new state."""
-        require_int("start", start, minimum=0)
-        if start != self.length:
-            raise ValueError(
-                f"start must equal the positions already read ({self.length}): a recurrent state "
-                f"cannot skip or rewind positions, got {start}"
-            )
-        if x.shape[0] != self.batch_size:
-            raise ValueError(f"the cache was built for batch size {self.batch_size}, x has batch size {x.shape[0]}")
+        if checking():
+            require_int("start", start, minimum=0)
+            if start != self.length:
+                raise ValueError(
+                    f"start must equal the positions already read ({self.length}): a recurrent state "
+                    f"cannot skip or rewind positions, got {start}"
+                )
+            if x.shape[0] != self.batch_size:
+                raise ValueError(f"the cache was built for batch size {self.batch_size}, x has batch size {x.shape[0]}")
         if x.shape[1] == 1:  # one token (decoding): the recurrence, as mamba_ssm's `step`
             y, (conv, ssm) = mixer.step(x[:, 0], (self.conv, self.ssm))
             y = y.unsqueeze(1)  # (B, 1, C)
@@ -329,180 +316,3 @@ class MixerCache:
     def __repr__(self) -> str:
         B, E, N = self.ssm.shape
         return f"MixerCache(B={B}, E={E}, K-1={self.conv.shape[-1]}, N={N}, length={self.length}, {self.nbytes} bytes)"
-
-
-class MambaBlock(nn.Module):
-    """A pre-norm residual block, as Mamba's `Block`: x + mixer(norm(x)). (B, T, C) -> (B, T, C);
-    with `cache` (a MixerCache) the mixer continues from the state it holds and advances it."""
-
-    def __init__(self, config: MambaConfig):
-        super().__init__()
-        self.norm = _make_norm(config)
-        self.mixer = MambaMixer(config)
-
-    def forward(self, x: torch.Tensor, *, cache: MixerCache | None = None, start: int = 0) -> torch.Tensor:
-        return x + self.mixer(self.norm(x), cache=cache, start=start)
-
-
-class MambaLM(nn.Module):
-    """A Mamba language model: embedding -> n_layers × MambaBlock -> norm -> head tied to the
-    embedding (the official MambaLMHeadModel). `forward(idx)` returns logits (B, T, V);
-    `forward(idx, targets)` returns (logits, loss), targets[b, t] the token after idx[b, t]
-    (−100 = ignore), as `lib.gpt.GPT`. No positional embedding and no context limit."""
-
-    def __init__(self, config: MambaConfig):
-        super().__init__()
-        if not isinstance(config, MambaConfig):
-            raise TypeError(f"config must be a MambaConfig, got {type(config).__name__}")
-        self.config = config
-        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
-        self.layers = nn.ModuleList([MambaBlock(config) for _ in range(config.n_layers)])
-        self.norm_f = _make_norm(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.lm_head.weight = self.embedding.weight  # tied
-        # The official init: zero biases (but dt_proj's), embedding std 0.02, and each residual
-        # branch's out_proj scaled by 1/sqrt(n_layers) so the stream's variance does not grow with depth.
-        for module in self.modules():
-            bias = getattr(module, "bias", None)
-            if isinstance(module, nn.Linear) and bias is not None and not getattr(bias, "_no_reinit", False):
-                nn.init.zeros_(bias)
-        nn.init.normal_(self.embedding.weight, std=0.02)
-        for name, p in self.named_parameters():
-            if name.endswith("out_proj.weight"):
-                nn.init.kaiming_uniform_(p, a=math.sqrt(5))
-                with torch.no_grad():
-                    p /= math.sqrt(config.n_layers)
-
-    def num_parameters(self) -> int:
-        """Distinct parameters (the tied head counted once)."""
-        return sum(p.numel() for p in self.parameters())
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def block_size(self) -> None:
-        """No context limit: the state has one size at every position."""
-        return None
-
-    def new_caches(self, batch_size: int, max_len: int | None = None) -> list[MixerCache]:
-        """One empty MixerCache per layer (zeros: the state before any token), on the model's device
-        and dtype. `max_len` is accepted for the decoder protocol and ignored: the state does not grow."""
-        require_int("batch_size", batch_size, minimum=1)
-        if max_len is not None:
-            require_int("max_len", max_len, minimum=1)
-        w = self.embedding.weight
-        return [layer.mixer.new_cache(batch_size, dtype=w.dtype, device=w.device) for layer in self.layers]
-
-    def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int:
-        """Bytes of the layers' states, the same after any number of tokens (`state_bytes`)."""
-        return state_bytes(self, batch, dtype)
-
-    def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        caches: list[MixerCache] | None = None,
-        start: int = 0,
-    ):
-        """idx (B, T) token ids -> logits (B, T, V), or (logits, loss) with targets (B, T).
-
-        With `caches` (from `new_caches`), the tokens continue from the state the caches hold
-        (positions start..start+T−1) and the caches are advanced: a prompt goes through the scan,
-        a single token through one step of the recurrence. `attention_mask` may only be all ones:
-        a padding token would enter the state.
-        """
-        require_int("start", start, minimum=0)
-        require_token_ids("idx", idx, vocab_size=self.config.vocab_size, max_len=sys.maxsize, context="(none)")
-        if idx.device != self.embedding.weight.device:
-            raise ValueError(f"idx must be on the model's device {self.embedding.weight.device}, got {idx.device}")
-        refuse_padding(attention_mask)
-        B, T = idx.shape
-        if caches is not None:
-            if len(caches) != len(self.layers):
-                raise ValueError(f"caches must hold one MixerCache per layer ({len(self.layers)}), got {len(caches)}")
-        elif start:
-            raise ValueError("start > 0 needs caches: without them the state of the earlier positions is not there")
-        x = self.embedding(idx)  # (B, T, C)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cache=None if caches is None else caches[i], start=start)
-        logits = self.lm_head(self.norm_f(x))  # (B, T, V)
-        if targets is None:
-            return logits
-        require_targets("targets", targets, (B, T), self.config.vocab_size)
-        loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
-        return logits, loss
-
-
-def refuse_padding(attention_mask) -> None:
-    """A model with Mamba layers takes no padding: `attention_mask` must be None or all ones."""
-    if attention_mask is None:
-        return
-    if not (isinstance(attention_mask, torch.Tensor) and bool((attention_mask == 1).all())):
-        raise ValueError(
-            "a model with Mamba layers takes no padding: attention_mask must be None or all ones "
-            "(a padding token would enter the recurrent state); run rows separately"
-        )
-
-
-@torch.no_grad()
-def trace_states(model: MambaLM, idx: torch.Tensor, layer: int = 0) -> dict[str, torch.Tensor]:
-    """What layer `layer`'s SSM does on idx (B, T): its step sizes Δ (B, T, D) and every state h_t
-    (B, T, D, N), D = d_inner, recomputed step by step from the SSM's own inputs (for drawing:
-    widgets.SSMStateView), and those inputs: x (B, T, D), A (D, N), B and C (B, T, N) (for
-    lib.ssd). The layer's output is checked against the recomputed states."""
-    if not isinstance(model, MambaLM):
-        raise TypeError(f"model must be a MambaLM, got {type(model).__name__}")
-    require_int("layer", layer, minimum=0)
-    if layer >= len(model.layers):
-        raise ValueError(f"layer must be < n_layers = {len(model.layers)}, got {layer}")
-    ssm = model.layers[layer].mixer.ssm
-    seen = {}
-    hook = ssm.register_forward_hook(
-        lambda mod, args, kwargs, out: seen.update(x=args[0], z=kwargs.get("z"), y=out[0]), with_kwargs=True
-    )
-    try:
-        was_training = model.training
-        model.eval()
-        model(idx)
-        model.train(was_training)
-    finally:
-        hook.remove()
-    work = torch.promote_types(seen["x"].dtype, torch.float32)  # fp32 at least; a float64 model stays float64
-    x = seen["x"].to(work)  # (B, T, D): the SSM's input (after the conv and SiLU)
-    delta, A, B, C = ssm.ssm_params(x)
-    A_bar, Bx = torch.exp(delta.unsqueeze(-1) * A), (delta * x).unsqueeze(-1) * B.unsqueeze(2)  # (B, T, D, N) each
-    states = torch.stack(list(recurrence(A_bar, Bx, torch.zeros_like(A_bar[:, 0]))), dim=1)  # (B, T, D, N)
-    y = (states * C.unsqueeze(2)).sum(-1) + ssm.D * x  # (B, T, D)
-    if seen["z"] is not None:
-        y = y * F.silu(seen["z"].to(work))  # the mixer's gate, which the layer's scan applied
-    # fp32: the layer's scan (chunked or not) and this step-by-step loop differ by rounding only
-    if not torch.allclose(y, seen["y"].to(work), rtol=1e-4, atol=1e-5):
-        raise RuntimeError("the recomputed states do not reproduce the layer's output")
-    return {"delta": delta, "h": states, "x": x, "A": A, "B": B, "C": C}
-
-
-def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch.dtype | str | None = None) -> int:
-    """Bytes of a MambaLM's recurrent state for `batch` sequences, at any position:
-    n_layers × B × d_inner × ((K − 1) + N) × bytes per element.
-
-    `dtype` a torch.dtype or a name of lib.kv_cache.DTYPE_BYTES ("fp16"); by default the model's
-    parameter dtype (what `new_caches` allocates), float32 for a config. For mamba-130m's shape
-    (24 layers, d_inner 1536, N 16, K 4) in fp16 that is 1.4 MB per sequence, whatever the length;
-    compare `lib.kv_cache.kv_cache_bytes`, which grows by a fixed amount per position.
-    """
-    if isinstance(model_or_config, MambaLM):
-        config = model_or_config.config
-    elif isinstance(model_or_config, MambaConfig):
-        config = model_or_config
-    else:
-        raise TypeError(f"model_or_config must be a MambaLM or a MambaConfig, got {type(model_or_config).__name__}")
-    require_int("batch", batch, minimum=1)
-    if dtype is None:
-        dtype = next(model_or_config.parameters()).dtype if isinstance(model_or_config, MambaLM) else torch.float32
-    bpe = dtype_bytes(dtype)
-    n_elems = config.n_layers * batch * config.d_inner * (config.d_conv - 1 + config.d_state)
-    return math.ceil(n_elems * bpe)

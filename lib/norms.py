@@ -5,7 +5,7 @@ Mamba's blocks (and LLaMA's): LayerNorm without the mean subtraction and the bia
 
     rms_norm_ref   torch.nn.functional.rms_norm: the definition
     rms_norm       the same result (up to rounding), by one C loop forward and one backward
-                   (`lib.kernels.scan_cpu`) for CPU tensors in fp32 or fp64 where it compiled, else
+                   (`lib.kernels.cpu_layers`) for CPU tensors in fp32 or fp64 where it compiled, else
                    the reference. PyTorch composes RMSNorm from about six tensor operations forward
                    and a dozen backward, each a pass over the activations; at lesson 08's sizes
                    (16 x 25 x 64, float64) that measured three times LayerNorm's fused kernel, and
@@ -52,10 +52,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 
 def _rms_norm_auto(x, weight, eps):
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and weight.dtype == x.dtype:
-        from lib.kernels import scan_cpu  # imported on first use (it builds the C library)
+        from lib.kernels import cpu_layers, scan_cpu  # imported on first use (it builds the C library)
 
         if scan_cpu.cpu_kernel_available():
-            return scan_cpu.rms_norm(x, weight, eps)
+            return cpu_layers.rms_norm(x, weight, eps)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 

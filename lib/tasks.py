@@ -7,11 +7,15 @@
                                     its value (multi-query associative recall, Arora et al. 2023,
                                     "Zoology": needs in-context retrieval, attention's strength)
     train_on_task(model, task, ...) masked next-token training on any model whose forward(idx)
-                                    returns logits (B, T, V) (lib.gpt.GPT, lib.mamba.MambaLM, ...)
+                                    returns logits (B, T, V) (lib.gpt.GPT, lib.mamba_lm.MambaLM, ...)
     task_accuracy(model, task, ...) the share of answer tokens predicted exactly (greedy)
+    reversal_batch(step, ...)       a seq2seq batch for lib.encdec.EncoderDecoder: the target is
+                                    the source backwards; `seq2seq_loss(model, batch)` its
+                                    teacher-forced loss (both for lib.train.train directly)
 
 A task is a function `task(batch, generator) -> (idx (B, T), targets (B, T))` with targets = -100
-wherever nothing is asked (the loss and the accuracy ignore those positions).
+wherever nothing is asked (the loss and the accuracy ignore those positions). `reversal_batch` is
+a function of the step instead, as `lib.train.train` draws its batches.
 
 Token ids of selective copying: 0 = blank (noise), 1 = recall marker, 2 .. 2 + n_symbols - 1 the
 data symbols. Vocabulary size = n_symbols + 2.
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 
 from lib._checks import require_int
 from lib._replay import replayable
+from lib.encdec import EncoderDecoder
 from lib.train import train, warmup_cosine
 
 __all__ = [
@@ -34,6 +39,8 @@ __all__ = [
     "RECALL",
     "AssociativeRecall",
     "SelectiveCopying",
+    "reversal_batch",
+    "seq2seq_loss",
     "task_accuracy",
     "task_loss",
     "train_on_task",
@@ -254,3 +261,44 @@ def task_accuracy(model, task: Task, *, batches: int = 4, batch_size: int = 64, 
         total += int(asked.sum())
     model.train(was_training)
     return right / total
+
+
+# --------------------------------------------------------------------------- sequence to sequence
+def reversal_batch(
+    step: int,
+    *,
+    batch: int = 64,
+    max_len: int = 8,
+    vocab_size: int = 16,
+    min_len: int = 4,
+    pad_token_id: int = 1,
+    decoder_start_token_id: int = 2,
+) -> dict[str, torch.Tensor]:
+    """A seq2seq batch, the same for the same `step`: sources of min_len..max_len tokens (ids 3 to
+    vocab_size - 1), right-padded; the target is the source backwards. Returns `input_ids`,
+    `attention_mask` (B, S), `decoder_input_ids` (the start token, then the target shifted right)
+    and `labels` (B, S): the target, −100 where it is padding."""
+    require_int("step", step)
+    require_int("max_len", max_len, minimum=1)
+    require_int("min_len", min_len, minimum=1)
+    if min_len > max_len:
+        raise ValueError(f"min_len must be <= max_len, got min_len={min_len} > max_len={max_len}")
+    if require_int("vocab_size", vocab_size, minimum=4) <= max(pad_token_id, decoder_start_token_id, 2):
+        raise ValueError(f"vocab_size must leave ids above the special ones, got {vocab_size}")
+    g = torch.Generator().manual_seed(step)
+    lengths = torch.randint(min_len, max_len + 1, (require_int("batch", batch, minimum=1),), generator=g)
+    keep = torch.arange(max_len) < lengths[:, None]  # (B, S): right padding
+    src = torch.where(keep, torch.randint(3, vocab_size, (batch, max_len), generator=g), pad_token_id)
+    # reverse each row's real tokens, keep the padding at the end: position j reads source n - 1 - j
+    index = (lengths[:, None] - 1 - torch.arange(max_len)).clamp_min(0)
+    target = torch.where(keep, src.gather(1, index), pad_token_id)
+    decoder_in = torch.cat([torch.full((batch, 1), decoder_start_token_id), target[:, :-1]], dim=1)
+    return dict(
+        input_ids=src, attention_mask=keep.long(), decoder_input_ids=decoder_in, labels=torch.where(keep, target, -100)
+    )
+
+
+def seq2seq_loss(model: EncoderDecoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of the next target token at every target position (teacher forcing)."""
+    logits = model(batch["input_ids"], batch["decoder_input_ids"], batch["attention_mask"])  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)

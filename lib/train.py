@@ -3,12 +3,13 @@
 One step: draw a batch, compute the loss, zero the gradients, backpropagate, clip the gradient
 norm, update with AdamW, advance the schedule, report. What differs between the course's models
 is passed in: where batches come from (`next_batch`), what the loss is (`loss_of`), the schedule
-and the optimiser's settings. `train_lm` below, `lib.tasks.train_on_task`, `lib.bert.train_mlm`
+and the optimiser's settings. `train_lm` below, `lib.tasks.train_on_task`, `lib.bert_mlm.train_mlm`
 and `lib.moe_lm.train_moe_lm` are this loop with their model's batches and loss.
 
     train           the loop; returns every step's loss
     warmup_cosine   linear warm-up, then cosine decay to 10% of the peak (nanoGPT's schedule)
     warmup_linear   linear warm-up, then linear decay to 0 (BERT's schedule)
+    clm_loss        the next-token loss: position t predicts token t + 1
     get_batch       random windows of a token stream and their next tokens
     train_lm        next-token training of a causal language model (GPT, Mamba, the hybrid)
     evaluate_loss   its mean next-token loss on seeded windows
@@ -20,11 +21,12 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
-from lib._checks import require_int, require_rank, require_real, require_tensor
+from lib._checks import require_int, require_rank, require_real, require_targets, require_tensor
 from lib._replay import replayable
 
-__all__ = ["evaluate_loss", "get_batch", "train", "train_lm", "warmup_cosine", "warmup_linear"]
+__all__ = ["clm_loss", "evaluate_loss", "get_batch", "train", "train_lm", "warmup_cosine", "warmup_linear"]
 
 
 def warmup_cosine(steps: int, warmup: int) -> Callable[[int], float]:
@@ -97,6 +99,25 @@ def train(
             on_step(step, losses[-1])
     model.eval()
     return losses
+
+
+# --------------------------------------------------------------------------- the next-token loss
+def clm_loss(logits: torch.Tensor, idx: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Causal-LM loss over one sequence batch: position t predicts token t + 1.
+
+    logits (B, T, V) from running the model on idx (B, T). The shift drops the last position's
+    logits (nothing follows it) and the first token (nothing predicts it): T - 1 predictions per
+    row, all trained by one forward pass because the causal mask keeps each from seeing its answer.
+    """
+    require_tensor("logits", logits, floating=True)
+    require_rank("logits", logits, 3, "(B, T, V)")
+    require_targets("idx", idx, tuple(logits.shape[:2]), logits.shape[-1], ignore_index)
+    if idx.shape[1] < 2:
+        raise ValueError(f"idx needs T >= 2 tokens for a next-token loss, got T={idx.shape[1]}")
+    V = logits.shape[-1]
+    pred = logits[:, :-1].reshape(-1, V)  # (B, T-1, V) -> (B(T-1), V): predictions for positions 1..T-1
+    target = idx[:, 1:].reshape(-1)  # (B(T-1),): the tokens that actually came next
+    return F.cross_entropy(pred, target, ignore_index=ignore_index)
 
 
 # --------------------------------------------------------------------------- the language-model recipe

@@ -118,7 +118,7 @@ def _tile_schedule():
 
 
 def _ssm_state_animator():
-    from lib.mamba import trace_states
+    from lib.mamba_lm import trace_states
     from lib.tasks import BLANK, RECALL
     from widgets.ssm_state import SSMStateView
 

@@ -28,7 +28,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from lib.serving import RESERVE_RULES, SimResult, simulate_serving
+from lib.serving import RESERVE_RULES, simulate_serving
+from lib.serving_result import SimResult
 from lib.workload import make_workload
 from widgets._base import LiveView
 from widgets._render import OKABE_ITO

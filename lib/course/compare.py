@@ -45,7 +45,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from lib._checks import require_int, require_real
 from lib.gpt import GPT, CausalSelfAttention, GPTConfig
 from lib.hybrid import HybridGPT
-from lib.mamba import MambaConfig, MambaLM, SelectiveSSM
+from lib.mamba import MambaConfig, SelectiveSSM
+from lib.mamba_lm import MambaLM
 from lib.moe import MoE
 from lib.moe_lm import moe_gpt
 from lib.tasks import AssociativeRecall, SelectiveCopying, task_accuracy, train_on_task
@@ -533,7 +534,7 @@ def _vocab_size(model) -> int:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "vocab_size"):
         raise TypeError(
-            f"model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.mamba.MambaLM, got {type(model).__name__}"
+            f"model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.mamba_lm.MambaLM, got {type(model).__name__}"
         )
     return config.vocab_size
 

@@ -21,7 +21,8 @@ from lib.corpus import CharVocab, facts_corpus
 from lib.course.bench import torch_threads
 from lib.course.precision import default_dtype
 from lib.gpt import GPT, GPTConfig
-from lib.mamba import MambaConfig, MambaLM
+from lib.mamba import MambaConfig
+from lib.mamba_lm import MambaLM
 from lib.moe_lm import train_moe_lm
 from lib.tasks import SelectiveCopying, train_on_task
 from lib.train import train_lm

@@ -4,7 +4,7 @@ On a CPU, training is a deterministic function of its inputs: the same model (ev
 buffer, every module's settings, the code of its classes), the same data and arguments, the same
 global random state, and the same torch build, numerics and thread count give the same trained
 weights, bit for bit. The training functions (`lib.train.train_lm`, `lib.tasks.train_on_task`,
-`lib.bert.train_mlm`, `lib.moe_lm.train_moe_lm`) carry the mark `@lib._replay.replayable`;
+`lib.bert_mlm.train_mlm`, `lib.moe_lm.train_moe_lm`) carry the mark `@lib._replay.replayable`;
 `install()` (which `import lib` calls) routes them through `play`, so that a run made once can be
 replayed instead of repeated:
 

@@ -1,9 +1,10 @@
-"""Kernels: attention in Triton (lesson 05: a FlashAttention forward and backward, `flash`), and
-the selective scan fused (lesson 06): in Triton for a GPU (`scan`) and as a C loop for the CPU
-(`scan_cpu`, compiled with the machine's C compiler on first use, with the mixer's convolution and
-RMSNorm; the submodules are imported by name, not here). `runtime` decides how Triton runs here
-and is the only module that imports it; `c_build` compiles, caches, loads and self-checks the C
-loops.
+"""Kernels: attention in Triton (lesson 05: a FlashAttention forward, `flash`, and its backward,
+`flash_backward`), and the selective scan fused (lesson 06): in Triton for a GPU (`scan`) and as
+a C loop for the CPU (`scan_cpu`, compiled with the machine's C compiler on first use; the
+mixer's convolution and RMSNorm from the same C library in `cpu_layers`; the submodules are
+imported by name, not here). `runtime`
+decides how Triton runs here and is the only module that imports it; `c_build` compiles, caches,
+loads and self-checks the C loops.
 
 The scan kernels are raw launchers: their front doors, which check the arguments and give them
 gradients, are `lib.scan`, `lib.conv` and `lib.norms`. Kernels import nothing from their callers.

@@ -25,6 +25,7 @@ import os
 import torch
 
 __all__ = [
+    "dot_launch_opts",
     "LOG2E",
     "cdiv",
     "kernel_mode",
@@ -128,3 +129,13 @@ def work_dtype(*tensors) -> torch.dtype:
         if t is not None:
             dtype = torch.promote_types(dtype, t.dtype)
     return dtype
+
+
+def dot_launch_opts(D: int, dtype: torch.dtype) -> dict:
+    """Launch options of a kernel whose tiles multiply with tl.dot (the attention kernels), head dim D."""
+    # fp32 on a GPU: tl.dot would round its inputs to tf32 (10-bit mantissa); ask for full fp32.
+    precision = "ieee" if dtype == torch.float32 else "tf32"
+    opts = dict(DOT_PRECISION=precision)
+    if kernel_mode() == "compiled":
+        opts.update(num_warps=4 if D <= 64 else 8, num_stages=2)
+    return opts

@@ -1,9 +1,9 @@
 /* Mamba's loops for the CPU (lessons 06 and 08): the selective scan, fused with what surrounds it in
  * a Mamba mixer, the mixer's causal depthwise convolution, and RMSNorm, each with its backward.
- * Compiled and loaded at run time by lib/kernels/scan_cpu.py, which is their only caller and
- * documents them; see that file.
+ * Compiled and loaded at run time by lib/kernels/scan_cpu.py (the scan) and called from there and
+ * from lib/kernels/cpu_layers.py (the convolution and RMSNorm), which document them; see those files.
  *
- * The scan: the same computation as lib.ssm.selective_scan_ref, per sequence b, channel d and
+ * The scan: the same computation as lib.scan.selective_scan_ref, per sequence b, channel d and
  * state entry n:
  *     Δ_t = softplus(dt_t + dtb)  (or dt_t + dtb without softplus; dtb a bias per channel)
  *     h_t = exp(Δ_t * A) * h_{t-1} + (Δ_t * x_t) * B_t      y_t = sum_n C_t[n] * h_t[n] + Dv * x_t

@@ -1,6 +1,6 @@
 """The selective scan as one fused loop in C, for the CPU (lesson 06): the state stays in cache.
-Beside it, the rest of a Mamba layer that costs more in PyTorch than it should: the mixer's
-convolution and RMSNorm.
+The same C library holds the rest of a Mamba layer that costs more in PyTorch than it should, the
+mixer's convolution and RMSNorm, launched by `lib.kernels.cpu_layers` with the helpers below.
 
 The chunked PyTorch scan (`lib.scan.selective_scan` with impl="chunked") removes the reference's
 Python step per position, but each of its tensor operations still reads and writes a slice of the
@@ -34,12 +34,10 @@ loops with scalar calls. Where no compiler works (or ONEMASK_CPU_KERNEL=0 is set
 
     scan                 the fused scan (raw launcher): the front door with the checks is
                          lib.scan.selective_scan_cpu, with the arguments of lib.scan.selective_scan_ref
-    conv                 the mixer's causal depthwise convolution (lib.conv.causal_conv1d_ref), as a
-                         loop with its backward, with the SiLU after it optionally fused: PyTorch's
-                         grouped conv1d costs milliseconds per call at this course's sizes, most of
-                         it in the backward (front door: lib.conv.causal_conv1d_cpu)
-    rms_norm             RMSNorm over the last axis, forward and backward, for lib.norms.rms_norm
     cpu_kernel_status    "compiled ..." or "unavailable: <why>"; builds on first call
+    ensure_built         the loaded library (built on first call), or None where it is unavailable
+    call_entry_point     run a C entry point over its units on threads (with data_pointers,
+                         dtype_suffix, threads_for, require_cpu: shared with lib.kernels.cpu_layers)
 
 Differentiable by its own fused backward, in the same C file: when a gradient will be needed the
 forward also keeps the state entering every K-th position (K = CHECKPOINT_EVERY), and the backward
@@ -64,7 +62,17 @@ import torch
 from lib.kernels import c_build
 from lib.kernels.runtime import work_dtype
 
-__all__ = ["conv", "cpu_kernel_available", "cpu_kernel_status", "rms_norm", "scan"]
+__all__ = [
+    "call_entry_point",
+    "cpu_kernel_available",
+    "cpu_kernel_status",
+    "data_pointers",
+    "dtype_suffix",
+    "ensure_built",
+    "require_cpu",
+    "scan",
+    "threads_for",
+]
 
 SOURCE = Path(__file__).with_name("scan_cpu.c")  # built by lib.kernels.c_build
 MIN_WORK_PER_THREAD = 1 << 16  # B·D·L·N multiply-adds below which a second thread costs more than it saves
@@ -129,7 +137,7 @@ def _self_check(library) -> str | None:
     return None
 
 
-def _ensure_built():
+def ensure_built():
     global _library, _status, _built_flags
     with _lock:
         if _status is None:
@@ -143,7 +151,7 @@ def _ensure_built():
 def cpu_kernel_status() -> str:
     """Whether the fused CPU scan is usable here, and how it was built ("compiled: ...") or why
     not ("unavailable: ..."). Builds (or loads from the cache) on the first call."""
-    _ensure_built()
+    ensure_built()
     return _status
 
 
@@ -152,7 +160,7 @@ def cpu_kernel_available(*, fast: bool = False) -> bool:
     fast=True, only if it was built with vector exponentials: with scalar exp the loop spends most
     of its time in exp and measured slower than the chunked PyTorch scan on this course's machine,
     so lib.scan.selective_scan's impl="auto" asks for this."""
-    return _ensure_built() is not None and (_has_vector_exp() or not fast)
+    return ensure_built() is not None and (_has_vector_exp() or not fast)
 
 
 def _has_vector_exp() -> bool:
@@ -177,21 +185,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def _suffix(t: torch.Tensor) -> str:
+def dtype_suffix(t: torch.Tensor) -> str:
     """The C entry points' dtype suffix: f64 for float64 tensors, else f32."""
     return "f64" if t.dtype == torch.float64 else "f32"
 
 
-def _pointers(*tensors) -> list:
+def data_pointers(*tensors) -> list:
     """Data pointers for ctypes, None (NULL) where a tensor is absent."""
     return [None if t is None else t.data_ptr() for t in tensors]
 
 
-def _threads_for(threads: int, units: int, work: int) -> int:
+def threads_for(threads: int, units: int, work: int) -> int:
     return max(1, min(threads, units, work // MIN_WORK_PER_THREAD))
 
 
-def _call(library, name: str, pointers: list, sizes: tuple, units: int, threads: int) -> None:
+def call_entry_point(library, name: str, pointers: list, sizes: tuple, units: int, threads: int) -> None:
     """Run `name` over units 0 .. units-1 on `threads` threads: in C with OpenMP (the *_omp entry
     point), else from Python threads, each given a contiguous range. Raises if a buffer failed."""
     fn = getattr(library, name)
@@ -247,13 +255,13 @@ def _run(
     k = checkpoints or l
     hc = torch.empty(b, d, -(-l // k), n, dtype=x.dtype) if checkpoints else None
     rows = b * d
-    _call(
+    call_entry_point(
         library,
-        f"onemask_scan_{_suffix(x)}",
-        _pointers(x, dt, A, B, C, h0, D, bias, z, y, ypre, hl, hc),
+        f"onemask_scan_{dtype_suffix(x)}",
+        data_pointers(x, dt, A, B, C, h0, D, bias, z, y, ypre, hl, hc),
         (int(softplus), k, l, d, n),
         rows,
-        _threads_for(threads, rows, rows * l * n),
+        threads_for(threads, rows, rows * l * n),
     )
     return y, hl, hc, ypre
 
@@ -274,14 +282,14 @@ def _run_backward(library, x, dt, A, B, C, D, bias, z, ypre, softplus: bool, hc,
     gBp, gCp = torch.empty(b, nblk, l, n, dtype=x.dtype), torch.empty(b, nblk, l, n, dtype=x.dtype)
     gDp = torch.empty(b, d, dtype=x.dtype)
     units = b * nblk
-    pointers = _pointers(x, dt, A, B, C, D, bias, z, ypre, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gDp, gz, gh0)
-    _call(
+    pointers = data_pointers(x, dt, A, B, C, D, bias, z, ypre, hc, gy, ghl, gx, gdt, gAp, gBp, gCp, gDp, gz, gh0)
+    call_entry_point(
         library,
-        f"onemask_scan_bwd_{_suffix(x)}",
+        f"onemask_scan_bwd_{dtype_suffix(x)}",
         pointers,
         (int(softplus), k, BACKWARD_BLOCK, l, d, n),
         units,
-        _threads_for(threads, units, 3 * b * d * l * n),
+        threads_for(threads, units, 3 * b * d * l * n),
     )
     return gx, gdt, gAp.sum(0), gBp.sum(1), gCp.sum(1), gDp.sum(0), gz, gh0
 
@@ -334,8 +342,8 @@ def scan(
     """The raw launcher of the fused scan, on checked CPU inputs (the shapes of
     `lib.scan.selective_scan_ref`): y in x's dtype (and the final state). The front door, with the
     checks, is `lib.scan.selective_scan_cpu`."""
-    _require_cpu(x.device)
-    if _ensure_built() is None:
+    require_cpu(x.device)
+    if ensure_built() is None:
         raise RuntimeError(f"selective_scan_cpu is {_status}; use lib.scan.selective_scan")
     wt = work_dtype(x, delta, A, B, C, D, h0, z, delta_bias)
     d = x.shape[-1]
@@ -354,137 +362,9 @@ def scan(
     return (y, hl) if return_state else y
 
 
-def _require_cpu(device: torch.device) -> None:
+def require_cpu(device: torch.device) -> None:
     if device.type != "cpu":
         raise ValueError(
             f"selective_scan_cpu runs on CPU tensors, got device {device}; on a GPU use "
             "lib.scan.selective_scan_triton or lib.scan.selective_scan"
         )
-
-
-# --------------------------------------------------------------------------- the mixer's convolution
-class _CpuConv(torch.autograd.Function):
-    """apply(x (B, T, E), wt (K, E), bias (E,) or None, state (B, E, K - 1) or None, silu, threads),
-    all contiguous and of one dtype (fp32 or fp64) -> y (B, T, E), the convolution or its SiLU;
-    gradients for all four."""
-
-    @staticmethod
-    def forward(ctx, x, wt, bias, state, silu, threads):
-        b, t, e = x.shape
-        k = wt.shape[0]
-        y = torch.empty_like(x)
-        pre = torch.empty_like(x) if silu and any(ctx.needs_input_grad[:4]) else None  # for silu' in the backward
-        _call(
-            _library,
-            f"onemask_conv_{_suffix(x)}",
-            _pointers(x, state, wt, bias, y, pre),
-            (int(silu), t, e, k),
-            b,
-            _threads_for(threads, b, b * t * e * k),
-        )
-        ctx.save_for_backward(x, wt, state, pre)
-        ctx.threads, ctx.has_bias = threads, bias is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, wt, state, pre = ctx.saved_tensors
-        b, t, e = x.shape
-        k = wt.shape[0]
-        gy = gy.to(x.dtype).contiguous()
-        gx = torch.empty_like(x)
-        gstate = None if state is None else torch.zeros_like(state)
-        gwp, gbp = torch.empty(b, k, e, dtype=x.dtype), torch.empty(b, e, dtype=x.dtype)
-        pointers = _pointers(x, state, wt, pre, gy, gx, gstate, gwp, gbp)
-        _call(
-            _library,
-            f"onemask_conv_bwd_{_suffix(x)}",
-            pointers,
-            (t, e, k),
-            b,
-            _threads_for(ctx.threads, b, 2 * b * t * e * k),
-        )
-        need = ctx.needs_input_grad
-        return (
-            gx if need[0] else None,
-            gwp.sum(0) if need[1] else None,
-            gbp.sum(0) if need[2] and ctx.has_bias else None,
-            gstate if need[3] else None,
-            None,
-            None,
-        )
-
-
-def conv(x, weight, bias, state, activation=None, threads=None):
-    """The raw launcher of the causal depthwise convolution, on checked CPU inputs (the shapes of
-    `lib.conv.causal_conv1d_ref`): y (B, T, E) in x's dtype. The front door is
-    `lib.conv.causal_conv1d_cpu`."""
-    _require_cpu(x.device)
-    if _ensure_built() is None:
-        raise RuntimeError(f"causal_conv1d_cpu is {_status}; use lib.conv.causal_conv1d")
-    wt = work_dtype(x, weight, bias, state)
-    w2 = weight.reshape(weight.shape[0], weight.shape[-1])  # (E, K)
-    y = _CpuConv.apply(
-        x.to(wt).contiguous(),
-        w2.to(wt).t().contiguous(),
-        None if bias is None else bias.to(wt).contiguous(),
-        None if state is None else state.to(wt).contiguous(),
-        activation == "silu",
-        torch.get_num_threads() if threads is None else threads,
-    )
-    return y.to(x.dtype)
-
-
-# --------------------------------------------------------------------------- RMSNorm
-RMS_ROWS = 16  # rows per backward unit (scan_cpu.c's RMS_ROWS): each writes its own partial sum of gw
-
-
-class _CpuRMSNorm(torch.autograd.Function):
-    """apply(x (R, C), w (C,), eps, threads), contiguous, one dtype (fp32 or fp64) -> y (R, C)."""
-
-    @staticmethod
-    def forward(ctx, x, w, eps, threads):
-        r, c = x.shape
-        y, rstd = torch.empty_like(x), torch.empty(r, dtype=x.dtype)
-        _call(
-            _library,
-            f"onemask_rms_{_suffix(x)}",
-            _pointers(x, w, y, rstd),
-            (float(eps), c),
-            r,
-            _threads_for(threads, r, r * c),
-        )
-        ctx.save_for_backward(x, w, rstd)
-        ctx.threads = threads
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, w, rstd = ctx.saved_tensors
-        r, c = x.shape
-        units = -(-r // RMS_ROWS)
-        gx, gwp = torch.empty_like(x), torch.empty(units, c, dtype=x.dtype)
-        _call(
-            _library,
-            f"onemask_rms_bwd_{_suffix(x)}",
-            _pointers(x, w, rstd, gy.to(x.dtype).contiguous(), gx, gwp),
-            (r, c),
-            units,
-            _threads_for(ctx.threads, units, 2 * r * c),
-        )
-        return gx, gwp.sum(0), None, None
-
-
-def rms_norm(x, weight, eps, threads=None):
-    """RMSNorm over x's last axis by the C loop (checked CPU inputs of one dtype, fp32 or fp64)."""
-    _require_cpu(x.device)
-    if _ensure_built() is None:
-        raise RuntimeError(f"rms_norm_cpu is {_status}; use lib.norms.rms_norm")
-    shape = x.shape
-    y = _CpuRMSNorm.apply(
-        x.reshape(-1, shape[-1]).contiguous(),
-        weight.contiguous(),
-        eps,
-        torch.get_num_threads() if threads is None else threads,
-    )
-    return y.view(shape)

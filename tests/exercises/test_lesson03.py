@@ -12,9 +12,9 @@ from lib.course.exercises.lesson03 import (
     check_top_p_filter,
     repetition_penalty_ref,
 )
-from lib.gpt import clm_loss
 from lib.rope import apply_rope, rope_cos_sin
 from lib.sampling import top_p_filter
+from lib.train import clm_loss
 
 
 def _lib_rope(x, positions):

@@ -18,7 +18,7 @@ from lib.course.bench.selective_copying import (
     runs,
     train_one,
 )
-from lib.mamba import MambaLM
+from lib.mamba_lm import MambaLM
 
 
 def test_the_grid_covers_every_seed_model_and_length_once():

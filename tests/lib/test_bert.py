@@ -5,9 +5,11 @@ import math
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 from transformers import AutoModel
 
-from lib.bert import Bert, BertConfig, BertForMaskedLM, load_minilm, mean_pool, minilm_path, mlm_corrupt
+from lib.bert import Bert, BertConfig, load_minilm, mean_pool, minilm_path, mlm_corrupt
+from lib.bert_mlm import BertForMaskedLM
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -235,21 +237,67 @@ def test_state_dict_misfit_names_the_keys_and_shapes(minilm):
     assert "shape mismatches (1)" in msg and "(100, 384)" in msg and "(30522, 384)" in msg
 
 
+_IDS = torch.ones(2, 3, dtype=torch.long)
+FORWARD_REFUSALS = [
+    ("input_ids", torch.ones(2, 3), TypeError, "input_ids must be an int64 (or int32) tensor, got torch.float32"),
+    ("input_ids", torch.ones(3, dtype=torch.long), ValueError, "input_ids must have shape (B, T) (2 dims), got (3,)"),
+    (
+        "input_ids",
+        torch.ones(1, 65, dtype=torch.long),
+        ValueError,
+        "input_ids has T=65 tokens, past the context max_position_embeddings=64",
+    ),
+    (
+        "input_ids",
+        torch.full((1, 3), 1000),
+        ValueError,
+        "input_ids must lie in [0, vocab_size=1000), got min 1000, max 1000",
+    ),
+    (
+        "attention_mask",
+        torch.ones(2, 4),
+        ValueError,
+        "attention_mask must have shape (B, T) with T = 3 as in input_ids, got (2, 4)",
+    ),
+    (
+        "attention_mask",
+        torch.full((2, 3), 2),
+        ValueError,
+        "attention_mask must hold only 0 (padding) and 1 (real token)",
+    ),
+    (
+        "token_type_ids",
+        torch.full((2, 3), 2),
+        ValueError,
+        "token_type_ids must lie in [0, type_vocab_size=2), got min 2, max 2",
+    ),
+    ("return_attentions", 1, TypeError, "return_attentions must be a bool, got int"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
+def test_forward_refusals(argument, bad, error, message):
+    assert_refuses(Bert(BertConfig.tiny()), dict(input_ids=_IDS), argument, bad, error, message)
+
+
 @pytest.mark.parametrize(
-    "call, error, words",
-    [
-        (lambda m: m(torch.ones(2, 3)), TypeError, "int64"),
-        (lambda m: m(torch.ones(3, dtype=torch.long)), ValueError, r"\(B, T\)"),
-        (lambda m: m(torch.ones(1, 65, dtype=torch.long)), ValueError, "max_position_embeddings"),
-        (lambda m: m(torch.full((1, 3), 1000)), ValueError, "vocab_size"),
-        (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 4)), ValueError, "attention_mask"),
-        (lambda m: m(torch.ones(2, 3, dtype=torch.long), None, torch.full((2, 3), 2)), ValueError, "token_type_ids"),
-        (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.full((2, 3), 2)), ValueError, "only 0"),
-    ],
+    "argument, bad, error, message",
+    rows(
+        [
+            ("hidden", torch.ones(2, 3), ValueError, "hidden must have shape (B, T, C) (3 dims), got (2, 3)"),
+            (
+                "attention_mask",
+                torch.ones(2, 4),
+                ValueError,
+                "attention_mask must have shape (B, T) with T = 3 as in hidden, got (2, 4)",
+            ),
+        ]
+    ),
 )
-def test_bad_input_raises_a_clear_error(call, error, words):
-    with pytest.raises(error, match=words):
-        call(Bert(BertConfig.tiny()))
+def test_mean_pool_refusals(argument, bad, error, message):
+    assert_refuses(
+        mean_pool, dict(hidden=torch.ones(2, 3, 4), attention_mask=torch.ones(2, 3)), argument, bad, error, message
+    )
 
 
 def test_config_refuses_what_is_not_implemented():

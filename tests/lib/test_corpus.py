@@ -1,13 +1,14 @@
 """lib.corpus: the character and word vocabularies round-trip; the fact checker accepts exactly
 the corpus' true sentences; the swapped-sound table really changes every animal's sound; the
 generated corpora are deterministic and balanced, and a small MLM trained on them learns; and
-lib.bert.init_gradient_norms measures each layer's gradient."""
+lib.bert_mlm.init_gradient_norms measures each layer's gradient."""
 
 import numpy as np
 import pytest
 import torch
 
-from lib.bert import BertConfig, BertForMaskedLM, init_gradient_norms, predict_masked, train_mlm
+from lib.bert import BertConfig
+from lib.bert_mlm import BertForMaskedLM, init_gradient_norms, predict_masked, train_mlm
 from lib.corpus import (
     ANIMAL_SOUNDS,
     INTENTS,

@@ -10,7 +10,8 @@ from lib.course.precision import default_dtype
 from lib.decode import Decoder, decode_state_bytes, generate
 from lib.gpt import GPT, GPTConfig
 from lib.kv_cache import KVCache
-from lib.mamba import MambaConfig, MambaLM, state_bytes
+from lib.mamba import MambaConfig
+from lib.mamba_lm import MambaLM, state_bytes
 from lib.moe_lm import moe_gpt
 
 tiny_hybrid = tiny_models.hybrid

@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import BartConfig, BartForConditionalGeneration
 
-from lib.encdec import EncDecConfig, EncoderDecoder, greedy_decode, greedy_decode_ref, reversal_batch, seq2seq_loss
+from lib.encdec import EncDecConfig, EncoderDecoder, greedy_decode, greedy_decode_ref
+from lib.tasks import reversal_batch, seq2seq_loss
 from lib.train import train
 
 V, S, T = 48, 11, 7  # lengths that are multiples of nothing in the model
@@ -206,18 +207,6 @@ def test_returned_cross_attention_weights_are_the_ones_used():
         assert torch.equal(
             w.masked_select(mask[:, None, None, :].expand_as(w) == 0), torch.zeros(int((mask == 0).sum()) * 4 * T)
         )  # padding columns get exactly 0
-
-
-def test_reversal_batch_holds_each_source_backwards():
-    b = reversal_batch(3, batch=50, max_len=9, min_len=1)
-    for src, keep, dec, lab in zip(b["input_ids"], b["attention_mask"], b["decoder_input_ids"], b["labels"]):
-        n = int(keep.sum())
-        assert keep[:n].all() and not keep[n:].any()  # right padding
-        assert torch.equal(lab[:n], src[:n].flip(0)) and (lab[n:] == -100).all()
-        assert dec[0] == 2 and torch.equal(dec[1:n], lab[: n - 1])  # the target shifted right
-    assert torch.equal(reversal_batch(3)["input_ids"], reversal_batch(3)["input_ids"])
-    with pytest.raises(ValueError, match="min_len"):
-        reversal_batch(0, min_len=5, max_len=4)
 
 
 def test_a_small_model_learns_to_reverse():

@@ -3,12 +3,11 @@ paths agree, its cached generation equals the uncached one, and bad input gets c
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
 from lib.decode import generate
-from lib.gpt import GPT, Block, GPTConfig, clm_loss
+from lib.gpt import GPT, Block, GPTConfig
 from lib.kv_cache import KVCache
 from lib.train import evaluate_loss, get_batch, train_lm
 
@@ -161,20 +160,6 @@ def test_without_the_mask_the_past_sees_the_future():
         assert not torch.allclose(model(idx)[:, 0], model(changed)[:, 0])
 
 
-def test_shifted_loss_equals_forward_with_shifted_targets():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.tiny()).eval()
-    idx = torch.randint(64, (3, 17), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        logits = model(idx)
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-    torch.testing.assert_close(clm_loss(logits, idx), loss, atol=1e-6, rtol=1e-6)
-    by_hand = torch.stack([F.cross_entropy(logits[b, t], idx[b, t + 1]) for b in range(3) for t in range(16)]).mean()
-    torch.testing.assert_close(clm_loss(logits, idx), by_hand, atol=1e-6, rtol=1e-6)
-    with pytest.raises(ValueError, match="T >= 2"):
-        clm_loss(logits[:, :1], idx[:, :1])
-
-
 def test_get_batch_targets_are_inputs_shifted_by_one():
     data = torch.arange(100)
     x, y = get_batch(data, 8, 10, torch.Generator().manual_seed(0))
@@ -270,11 +255,6 @@ def test_bad_generate_input_is_refused_clearly():
         generate(model, idx, 2, generator=3)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, idx, -1)
-
-
-def test_clm_loss_refuses_ids_outside_the_vocabulary():  # GPT.forward's refusals: test_decoder_door.py
-    with pytest.raises(ValueError, match="idx must lie in"):
-        clm_loss(torch.randn(2, 5, 64), torch.full((2, 5), 70))
 
 
 def test_cached_generation_needs_a_causal_model():
@@ -437,7 +417,8 @@ def test_foreach_adamw_trains_the_same_bits_as_the_per_tensor_loop(loop, monkeyp
     there is a Python loop over the tensors, slow for models of many small tensors): it must not
     change a single bit of the trained weights, so stored lesson outputs hold either way."""
     from lib.course.precision import default_dtype
-    from lib.mamba import MambaConfig, MambaLM
+    from lib.mamba import MambaConfig
+    from lib.mamba_lm import MambaLM
     from lib.tasks import SelectiveCopying, train_on_task
 
     real = torch.optim.AdamW

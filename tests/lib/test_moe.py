@@ -10,17 +10,16 @@ import torch
 from refusals import assert_refuses, rows
 
 from lib.moe import (
-    MIXTRAL_8X7B,
     MoE,
     expert_capacity,
     load_balancing_loss,
     moe_from_mixtral,
-    moe_param_counts,
     moe_ref,
     route_top_k,
     router_z_loss,
     switch_loss,
 )
+from lib.moe_counts import MIXTRAL_8X7B, moe_param_counts
 
 # fp32 throughout: the two dispatches run the same matmuls on the same rows but sum a token's K
 # expert outputs in a different order (index_add per expert vs one index_add), so they agree to a

@@ -6,6 +6,7 @@ and refuses bad input clearly."""
 import pytest
 import torch
 
+import lib.kernels.cpu_layers as cpu_layers
 import lib.kernels.scan_cpu as scan_cpu
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
 from lib.norms import RMSNorm, rms_norm, rms_norm_ref
@@ -45,10 +46,10 @@ def test_fp32_threads_and_the_module():
         assert a.dtype == torch.float32
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item(), msg=name)
     # every unit of 16 rows writes its own partial sum of the weight's gradient: any split, same bits
-    one = _run(lambda *a: scan_cpu.rms_norm(*a, threads=1), x, w)
+    one = _run(lambda *a: cpu_layers.rms_norm(*a, threads=1), x, w)
     for threads in (2, 3, 7):
         assert all(
-            torch.equal(a, b) for a, b in zip(_run(lambda *a: scan_cpu.rms_norm(*a, threads=threads), x, w), one)
+            torch.equal(a, b) for a, b in zip(_run(lambda *a: cpu_layers.rms_norm(*a, threads=threads), x, w), one)
         )
     # the module: torch.nn.RMSNorm's parameter and state dict, computed by the loop
     ref = torch.nn.RMSNorm(48, eps=1e-6)

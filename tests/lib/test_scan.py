@@ -1,6 +1,7 @@
-"""lib.scan: the selective scans agree (values, gradients, carried state), stay finite for large
-steps and long sequences, are the recurrence in fp64; the pieces (discretisation, the combine,
-the LTI convolution) follow their definitions; bad inputs are refused clearly."""
+"""lib.scan and lib.scan_parallel: the selective scans agree (values, gradients, carried state),
+stay finite for large steps and long sequences, are the recurrence in fp64; the pieces
+(discretisation, the combine, the LTI convolution) follow their definitions; bad inputs are
+refused clearly."""
 
 import math
 from functools import partial
@@ -10,7 +11,8 @@ import torch
 from scan_builders import TOL64, assert_close32, bad_scan_cases, one_thread, scan_inputs  # noqa: F401  (one_thread: autouse)
 
 from lib.lti import lti_kernel, ssm_convolution
-from lib.scan import default_chunk_size, discretize, parallel_scan_ref, scan_combine, selective_scan, selective_scan_ref
+from lib.scan import discretize, parallel_scan_ref, selective_scan, selective_scan_ref
+from lib.scan_parallel import default_chunk_size, scan_combine
 
 
 @pytest.mark.parametrize("L", [1, 7, 64, 1000, 4096])

@@ -24,7 +24,8 @@ import lib.kernels.scan_cpu as scan_cpu
 from lib.conv import causal_conv1d, causal_conv1d_cpu, causal_conv1d_ref
 from lib.kernels import c_build
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
-from lib.mamba import MambaConfig, MambaLM
+from lib.mamba import MambaConfig
+from lib.mamba_lm import MambaLM
 from lib.scan import selective_scan, selective_scan_cpu, selective_scan_ref
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -480,7 +481,7 @@ def test_kernel_specific_bad_arguments():
     with pytest.raises(ValueError, match="chunk_size is for impl='chunked'"):
         selective_scan(x, dl, A, B, C, chunk_size=4, impl="cpu")
     with pytest.raises(ValueError, match="selective_scan_cpu runs on CPU tensors, got device meta"):
-        scan_cpu._require_cpu(torch.empty(1, device="meta").device)
+        scan_cpu.require_cpu(torch.empty(1, device="meta").device)
 
 
 # --------------------------------------------------------------------------- the mixer's convolution

@@ -16,7 +16,8 @@ from scan_builders import scan_inputs
 
 import lib.kernels.runtime as runtime
 from lib.kernels import kernel_mode
-from lib.mamba import MambaConfig, MambaLM
+from lib.mamba import MambaConfig
+from lib.mamba_lm import MambaLM
 from lib.scan import selective_scan, selective_scan_ref, selective_scan_triton
 
 ON_GPU = torch.cuda.is_available() and kernel_mode() == "compiled"

@@ -5,7 +5,16 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lib.tasks import BLANK, IGNORE, RECALL, SelectiveCopying, task_accuracy, task_loss, train_on_task
+from lib.tasks import (
+    BLANK,
+    IGNORE,
+    RECALL,
+    SelectiveCopying,
+    reversal_batch,
+    task_accuracy,
+    task_loss,
+    train_on_task,
+)
 
 
 def test_selective_copying_targets_are_the_symbols_in_order_at_the_markers():
@@ -110,3 +119,15 @@ def test_associative_recall_answers_each_query_with_its_stored_value():
         AssociativeRecall(n_pairs=2, n_queries=3)
     with pytest.raises(ValueError, match="n_pairs must be <= n_keys"):
         AssociativeRecall(n_pairs=9, n_keys=8)
+
+
+def test_reversal_batch_holds_each_source_backwards():
+    b = reversal_batch(3, batch=50, max_len=9, min_len=1)
+    for src, keep, dec, lab in zip(b["input_ids"], b["attention_mask"], b["decoder_input_ids"], b["labels"]):
+        n = int(keep.sum())
+        assert keep[:n].all() and not keep[n:].any()  # right padding
+        assert torch.equal(lab[:n], src[:n].flip(0)) and (lab[n:] == -100).all()
+        assert dec[0] == 2 and torch.equal(dec[1:n], lab[: n - 1])  # the target shifted right
+    assert torch.equal(reversal_batch(3)["input_ids"], reversal_batch(3)["input_ids"])
+    with pytest.raises(ValueError, match="min_len"):
+        reversal_batch(0, min_len=5, max_len=4)

@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lib.gpt import GPT, GPTConfig
-from lib.train import get_batch, train, train_lm, warmup_cosine, warmup_linear
+from lib.train import clm_loss, get_batch, train, train_lm, warmup_cosine, warmup_linear
 
 DATA = torch.randint(0, 32, (1500,), generator=torch.Generator().manual_seed(0))
 
@@ -99,3 +100,22 @@ def test_bad_input_is_refused_clearly():
         p.requires_grad_(False)
     with pytest.raises(ValueError, match="nothing to train"):
         train(model, batch, loss, steps=1, lr=1e-3)
+
+
+def test_shifted_loss_equals_forward_with_shifted_targets():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny()).eval()
+    idx = torch.randint(64, (3, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(idx)
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    torch.testing.assert_close(clm_loss(logits, idx), loss, atol=1e-6, rtol=1e-6)
+    by_hand = torch.stack([F.cross_entropy(logits[b, t], idx[b, t + 1]) for b in range(3) for t in range(16)]).mean()
+    torch.testing.assert_close(clm_loss(logits, idx), by_hand, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="T >= 2"):
+        clm_loss(logits[:, :1], idx[:, :1])
+
+
+def test_clm_loss_refuses_ids_outside_the_vocabulary():
+    with pytest.raises(ValueError, match="idx must lie in"):
+        clm_loss(torch.randn(2, 5, 64), torch.full((2, 5), 70))

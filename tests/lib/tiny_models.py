@@ -7,7 +7,8 @@ import torch
 from lib.gpt import GPT, GPTConfig
 from lib.hybrid import HybridGPT
 from lib.llama import Llama, LlamaConfig
-from lib.mamba import MambaConfig, MambaLM
+from lib.mamba import MambaConfig
+from lib.mamba_lm import MambaLM
 
 
 def gpt(seed: int = 0, **changes) -> GPT:

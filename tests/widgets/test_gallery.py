@@ -83,7 +83,7 @@ def _ssm_claim(widget):
     _, models = demos.ssm_models()
     import torch
 
-    from lib.mamba import trace_states
+    from lib.mamba_lm import trace_states
 
     idx = torch.tensor([[2, 0, 0, 3, 0, 1, 1]])  # A . . B . ? ?
     spread = {name: trace_states(m, idx, layer=1)["delta"][0].std(dim=0).max().item() for name, m in models.items()}

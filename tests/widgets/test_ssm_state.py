@@ -153,9 +153,10 @@ def _delta_panel(fig):
 
 
 def _traced_runs(text="A..B.?", d_model=8):
-    """Δ and h as lib.mamba.trace_states returns them, for a small untrained selective and fixed model."""
+    """Δ and h as lib.mamba_lm.trace_states returns them, for a small untrained selective and fixed model."""
     torch = pytest.importorskip("torch")
-    from lib.mamba import MambaConfig, MambaLM, trace_states
+    from lib.mamba import MambaConfig
+    from lib.mamba_lm import MambaLM, trace_states
 
     idx = torch.tensor([[{".": 0, "?": 1}.get(c, ord(c) - ord("A") + 2) for c in text]])  # (1, T)
     traces = {}

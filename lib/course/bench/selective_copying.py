@@ -80,7 +80,8 @@ def runs(seeds=SEEDS) -> list[CopyRun]:
 def build(r: CopyRun):
     """(task, model) as lesson 06 builds them: seeded by r.seed, float64."""
     from lib.course.precision import default_dtype
-    from lib.mamba import MambaConfig, MambaLM
+    from lib.mamba import MambaConfig
+    from lib.mamba_lm import MambaLM
     from lib.tasks import SelectiveCopying
 
     task = SelectiveCopying(n_data=r.n_data, n_blank=r.n_blank, n_symbols=r.n_symbols)

@@ -27,7 +27,7 @@ __all__ = ["ANSWERED_BY", "Case", "CheckReport", "call_learner", "run_checks"]
 ANSWERED_BY: dict[str, tuple[str, str]] = {
     "check_masked_attention": ("lib.attention", "safe_softmax"),
     "check_mlm_corrupt": ("lib.bert", "mlm_corrupt"),
-    "check_clm_loss": ("lib.gpt", "clm_loss"),
+    "check_clm_loss": ("lib.train", "clm_loss"),
     "check_cache_update": ("lib.kv_cache", "KVCache.update"),
     "check_online_softmax_update": ("lib.attention", "online_softmax_update"),
     "check_key_block_bounds": ("lib.kernels.flash", "key_block_bounds"),

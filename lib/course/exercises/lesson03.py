@@ -1,7 +1,7 @@
 """Checks for lesson 03, "GPT".
 
 check_clm_loss(fn)       fn(logits (B, T, V), idx (B, T)) -> scalar next-token loss, equal to
-                         lib.gpt.clm_loss
+                         lib.train.clm_loss
 check_top_p_filter(fn)   fn(logits (B, V), p) -> logits with the tokens outside the nucleus
                          set to -inf, equal to lib.sampling.top_p_filter
 check_rope(fn)           fn(x (B, H, T, D), positions (T,)) -> x rotated by RoPE (rotate-half
@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from lib.course.exercises import Case, CheckReport, call_learner, run_checks
-from lib.gpt import clm_loss
 from lib.rope import apply_rope_ref
 from lib.sampling import top_p_filter
+from lib.train import clm_loss
 
 __all__ = ["check_clm_loss", "check_repetition_penalty", "check_rope", "check_top_p_filter"]
 

@@ -15,7 +15,8 @@ import torch
 
 from lib.course.exercises import CheckReport, call_learner
 from lib.kv_cache import kv_cache_bytes
-from lib.mamba import MambaConfig, state_bytes
+from lib.mamba import MambaConfig
+from lib.mamba_lm import state_bytes
 from lib.tasks import IGNORE, RECALL, AssociativeRecall
 
 __all__ = ["check_decode_state_bytes", "check_recall_batch"]
@@ -98,7 +99,7 @@ def decode_state_bytes_ref(
     pattern: str, batch: int, context: int, d_model: int, d_state: int, d_conv: int, expand: int, bytes_per_elem: int
 ) -> int:
     """The layers' own counts summed: an "A" layer's KV cache (lib.kv_cache.kv_cache_bytes, heads x head
-    dim = d_model) and an "M" layer's state (lib.mamba.state_bytes, counted in elements)."""
+    dim = d_model) and an "M" layer's state (lib.mamba_lm.state_bytes, counted in elements)."""
     mamba = MambaConfig(vocab_size=2, d_model=d_model, n_layers=1, d_state=d_state, d_conv=d_conv, expand=expand)
     per_layer = {
         "A": kv_cache_bytes(1, batch, context, 1, d_model, bytes_per_elem=bytes_per_elem),
