@@ -91,8 +91,7 @@ class _Arg:
             raise ValueError(f"{name}: cannot read the declaration {text!r}")
 
     def describe(self) -> str:
-        if not self.layouts:
-            return {"int": "an int", "real": "a real number", "bool": "a bool", "str": "a string"}[self.kind]
+        """A tensor's layouts as a message says them: 'have shape (T, S) or broadcast to (B, H, T, S)'."""
         return " or ".join(_shown(lay, i == 0) for i, lay in enumerate(self.layouts))
 
 
