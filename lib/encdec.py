@@ -38,7 +38,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib._checks import require_int, require_tensor, require_token_ids
+from lib._checks import inputs_checked, require_int, require_tensor, require_token_ids
+from lib._door import door
 from lib.attention import attention, attention_weights
 from lib.bert import Bert, BertConfig, BertLayer
 from lib.kv_cache import KVCache
@@ -269,6 +270,23 @@ class EncoderDecoder(nn.Module):
             )
         return [layer.encoder_attn.project_kv(memory) for layer in self.decoder.layers]
 
+    @door(
+        start="int >= 0",
+        decoder_input_ids="ids (B, T) < self.config.vocab_size",
+        attention_mask="tensor (B, _) | None",
+        return_cross_attentions="bool",
+        where={
+            "start + T <= self.config.max_position_embeddings": "decoder_input_ids has T={T} tokens from position "
+            "{start}, past the context max_position_embeddings={self.config.max_position_embeddings}",
+            "isinstance(cross_kv, (list, tuple)) and len(cross_kv) == self.config.decoder_layers": "cross_kv must be "
+            "a list of {self.config.decoder_layers} (k, v) pairs, from cross_kv(memory)",
+            "caches is None or len(caches) == self.config.decoder_layers": "caches must hold one KVCache per decoder "
+            "layer ({self.config.decoder_layers}), got {len(caches)}",
+            "caches is not None or not start": "start={start} needs the caches that hold positions 0..{start - 1}",
+            "attention_mask is None or attention_mask.shape[1] == cross_kv[0][0].shape[2]": "attention_mask must "
+            "cover the source's S={cross_kv[0][0].shape[2]} positions, got {tuple(attention_mask.shape)}",
+        },
+    )
     def decode(
         self,
         decoder_input_ids: torch.Tensor,
@@ -284,31 +302,9 @@ class EncoderDecoder(nn.Module):
         decoder layer holding the target's earlier positions (None: no earlier positions).
         With `return_cross_attentions`, (logits, [each layer's cross-attention weights
         (B, H, T, S)])."""
-        cfg = self.config
-        require_token_ids(
-            "decoder_input_ids",
-            decoder_input_ids,
-            vocab_size=cfg.vocab_size,
-            max_len=cfg.max_position_embeddings,
-            context="max_position_embeddings",
-            start=start,
-        )
-        if not isinstance(cross_kv, (list, tuple)) or len(cross_kv) != cfg.decoder_layers:
-            raise ValueError(f"cross_kv must be a list of {cfg.decoder_layers} (k, v) pairs, from cross_kv(memory)")
-        if caches is not None and len(caches) != cfg.decoder_layers:
-            raise ValueError(
-                f"caches must hold one KVCache per decoder layer ({cfg.decoder_layers}), got {len(caches)}"
-            )
-        if start and caches is None:
-            raise ValueError(f"start={start} needs the caches that hold positions 0..{start - 1}")
         T = decoder_input_ids.shape[1]
         mask = None
         if attention_mask is not None:
-            if attention_mask.shape[1] != cross_kv[0][0].shape[2]:
-                raise ValueError(
-                    f"attention_mask must cover the source's S={cross_kv[0][0].shape[2]} positions, "
-                    f"got {tuple(attention_mask.shape)}"
-                )
             mask = cross_attention_mask(attention_mask, T, dtype=self.shared.weight.dtype)  # (B, 1, T, S)
         y = self._embed(self.decoder, decoder_input_ids, start)
         weights = [] if return_cross_attentions else None
@@ -398,9 +394,10 @@ def greedy_decode(
     kv = model.cross_kv(memory)  # once per source
     caches = model.new_caches(input_ids.shape[0], max_new_tokens + 1)
     out = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id, device=input_ids.device)
-    for t in range(max_new_tokens):
-        logits = model.decode(out[:, t : t + 1], kv, attention_mask, caches=caches, start=t)  # (B, 1, V)
-        out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    with inputs_checked():  # each step's arguments are lib's own, made from the checked source
+        for t in range(max_new_tokens):
+            logits = model.decode(out[:, t : t + 1], kv, attention_mask, caches=caches, start=t)  # (B, 1, V)
+            out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return out
 
 

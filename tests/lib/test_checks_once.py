@@ -15,6 +15,7 @@ import lib._checks as checks
 import lib._door
 from lib.attention import attention
 from lib.decode import generate
+from lib.encdec import EncDecConfig, EncoderDecoder, greedy_decode
 from lib.kv_cache import KVCache
 
 LIB = str(Path(lib.__file__).resolve().parent)
@@ -22,9 +23,10 @@ CHECKS = str(Path(checks.__file__).resolve())
 DOOR = str(Path(lib._door.__file__).resolve())
 
 
-def calls_per_token(model, prompt, new_tokens: int = 6, **knobs) -> Counter:
+def calls_per_token(model, prompt, new_tokens: int = 6, decode=None, **knobs) -> Counter:
     """The lib functions called for each decoded token: a run of `new_tokens` minus a run of 1 (the
-    prefill and its first token), divided by the difference."""
+    prefill and its first token), divided by the difference. `decode(n)` runs n tokens (default:
+    `generate` on model and prompt)."""
 
     def run(n):
         counted = Counter()
@@ -35,7 +37,10 @@ def calls_per_token(model, prompt, new_tokens: int = 6, **knobs) -> Counter:
 
         sys.setprofile(profile)
         try:
-            generate(model, prompt, max_new_tokens=n, generator=torch.Generator().manual_seed(0), **knobs)
+            if decode is not None:
+                decode(n)
+            else:
+                generate(model, prompt, max_new_tokens=n, generator=torch.Generator().manual_seed(0), **knobs)
         finally:
             sys.setprofile(None)
         return counted
@@ -81,6 +86,16 @@ def test_a_decoded_token_runs_no_check_only_one_guard_per_door(name, knobs):
     per_layer = {"gpt": 2, "llama": 6, "mamba": 1}[name]
     doors = 1 + per_layer * model.config.n_layer + 1
     doors += 0 if knobs["temperature"] == 0 else 1 + ("top_k" in knobs) + ("top_p" in knobs)  # the filters
+    assert per_token[(CHECKS, "checking")] <= doors, per_token[(CHECKS, "checking")]
+
+
+def test_the_encoder_decoders_greedy_decode_runs_no_check_per_token():
+    # greedy_decode checks the source at its door; its steps' decode calls run inside inputs_checked
+    model = EncoderDecoder(EncDecConfig(vocab_size=40, max_position_embeddings=32)).eval()
+    source = torch.randint(3, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    per_token = calls_per_token(model, source, decode=lambda n: greedy_decode(model, source, max_new_tokens=n))
+    assert helpers(per_token) == {}
+    doors = 1 + 3 * model.config.decoder_layers  # decode; each layer's cache, self- and cross-attention
     assert per_token[(CHECKS, "checking")] <= doors, per_token[(CHECKS, "checking")]
 
 
