@@ -40,7 +40,8 @@ from fractions import Fraction
 import torch
 import torch.nn as nn
 
-from lib._checks import checking, require_int, require_rank, require_tensor
+from lib._checks import require_int
+from lib._door import door
 
 __all__ = [
     "DTYPE_BYTES",
@@ -106,6 +107,19 @@ class KVCache(nn.Module):
     def reset(self) -> None:
         self.length = 0  # stale values past `length` are never read, so no need to zero them
 
+    @door(
+        start="int >= 0",
+        k="float (B, H_kv, T, D)",
+        v="float (B, H_kv, T, D)",
+        where={
+            "(B, H_kv, D) == (self.batch_size, self.k.shape[1], self.k.shape[3])": "k and v must have shape (B, H_kv, "
+            "T, D) with (B, H_kv, D) = {(self.batch_size, self.k.shape[1], self.k.shape[3])}, the cache's, got "
+            "{tuple(k.shape)}",
+            "start <= self.length": "start must be <= the cache length {self.length} (no gaps), got {start}",
+            "start + T <= self.max_len": "the cache holds {self.max_len} positions; writing {start}..{start + T - 1} "
+            "would overflow it",
+        },
+    )
     def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, H_kv, T, D) at positions start..start+T-1; return k, v (B, H_kv, S, D)
         for all positions 0..S-1 written so far (S = start + T).
@@ -113,30 +127,11 @@ class KVCache(nn.Module):
         Positions must be written in order without gaps (start <= length): a hole would hand
         attention keys that were never computed.
         """
-        if checking():
-            self._check_update(start, k, v)
         end = start + k.shape[2]
         self.k[:, :, start:end] = k.to(self.k.dtype)
         self.v[:, :, start:end] = v.to(self.v.dtype)
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]  # views, no copy
-
-    def _check_update(self, start, k, v) -> None:
-        require_int("start", start, minimum=0)
-        for name, x in (("k", k), ("v", v)):
-            require_tensor(name, x, floating=True)
-            require_rank(name, x, 4, "(B, H_kv, T, D)")
-            expected = (self.k.shape[0], self.k.shape[1], x.shape[2], self.k.shape[3])
-            if tuple(x.shape) != expected:
-                raise ValueError(f"{name} must have shape (B, H_kv, T, D) = {expected}, got {tuple(x.shape)}")
-        if k.shape[2] != v.shape[2]:
-            raise ValueError(f"k and v must hold the same number of positions, got {k.shape[2]} and {v.shape[2]}")
-        if start > self.length:
-            raise ValueError(f"start must be <= the cache length {self.length} (no gaps), got {start}")
-        if start + k.shape[2] > self.max_len:
-            raise ValueError(
-                f"the cache holds {self.max_len} positions; writing {start}..{start + k.shape[2] - 1} would overflow it"
-            )
 
     def extra_repr(self) -> str:
         B, H_kv, S_max, D = self.k.shape

@@ -8,7 +8,6 @@ from transformers.utils import logging as hf_logging
 
 from lib.decode import generate
 from lib.gpt import GPT, Block, GPTConfig
-from lib.kv_cache import KVCache
 from lib.train import evaluate_loss, get_batch, train_lm
 
 hf_logging.set_verbosity_error()  # a tiny vocabulary makes HF warn that GPT-2's bos/eos ids are out of range
@@ -285,24 +284,6 @@ def test_blocks_take_their_parts():
     model = GPT(cfg, make_block=lambda c, i: Block(c, mlp=Doubling()) if i == 1 else Block(c))
     assert isinstance(model.transformer.h[1].mlp, Doubling)
     assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 64)
-
-
-def test_kv_cache_writes_in_order_and_refuses_gaps_and_overflow():
-    cache = KVCache(2, 3, 8, 4)
-    k = torch.randn(2, 3, 5, 4)
-    k_all, v_all = cache.update(0, k, -k)
-    assert torch.equal(k_all, k) and torch.equal(v_all, -k) and cache.length == 5
-    k2 = torch.randn(2, 3, 1, 4)
-    k_all, _ = cache.update(5, k2, k2)
-    assert torch.equal(k_all, torch.cat([k, k2], dim=2))
-    with pytest.raises(ValueError, match="no gaps"):
-        cache.update(7, k2, k2)
-    with pytest.raises(ValueError, match="overflow"):
-        cache.update(6, torch.randn(2, 3, 3, 4), torch.randn(2, 3, 3, 4))
-    with pytest.raises(ValueError, match=r"\(B, H_kv, T, D\)"):
-        cache.update(6, torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4))
-    cache.reset()
-    assert cache.length == 0
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from refusals import assert_refuses, rows
 
 from lib.kv_cache import (
     DTYPE_BYTES,
@@ -398,5 +399,38 @@ def test_kv_cache_update_returns_every_position_written_in_order_without_gaps():
     got_k, got_v = cache.update(2, k2, v2)  # a rewind: position 2 rewritten, the cache now holds 3
     assert cache.length == 3 and torch.equal(got_k, torch.cat([writes[0][0][:, :, :2], k2], dim=2))
     assert torch.equal(got_v[:, :, 2:], v2)
-    with pytest.raises(ValueError, match="start must be <= the cache length 3"):
-        cache.update(4, k2, v2)
+    cache.reset()
+    assert cache.length == 0
+
+
+_K = torch.zeros(2, 3, 2, 4)
+_CACHE_SHAPE = "k and v must have shape (B, H_kv, T, D) with (B, H_kv, D) = (2, 3, 4), the cache's, got"
+UPDATE_REFUSALS = [
+    ("start", 4, ValueError, "start must be <= the cache length 3 (no gaps), got 4"),
+    ("start", -1, ValueError, "start must be >= 0, got -1"),
+    ("start", 2.0, TypeError, "start must be an int, got float"),
+    ("k, v", (torch.zeros(2, 3, 6, 4),) * 2, ValueError, "the cache holds 8 positions; writing 3..8 would overflow it"),
+    ("k, v", (torch.zeros(1, 3, 2, 4),) * 2, ValueError, f"{_CACHE_SHAPE} (1, 3, 2, 4)"),
+    ("k, v", (torch.zeros(2, 3, 2, 5),) * 2, ValueError, f"{_CACHE_SHAPE} (2, 3, 2, 5)"),
+    (
+        "v",
+        torch.zeros(2, 3, 1, 4),
+        ValueError,
+        "v must have shape (B, H_kv, T, D) with T = 2 as in k, got (2, 3, 1, 4)",
+    ),
+    ("k", _K[0], ValueError, "k must have shape (B, H_kv, T, D) (4 dims), got (3, 2, 4)"),
+    (
+        "k",
+        _K.long(),
+        TypeError,
+        "k must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(UPDATE_REFUSALS))
+def test_update_refusals(argument, bad, error, message):
+    cache = KVCache(2, 3, 8, 4)
+    cache.update(0, torch.zeros(2, 3, 3, 4), torch.zeros(2, 3, 3, 4))  # 3 positions held
+    assert_refuses(cache.update, dict(start=3, k=_K, v=_K), argument, bad, error, message)
+    assert cache.length == 3  # a refused write changes nothing
