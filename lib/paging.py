@@ -29,6 +29,7 @@ import heapq
 import torch
 
 from lib._checks import require_int, require_rank, require_same, require_tensor
+from lib._door import door
 from lib.attention import attention, attention_ref
 from lib.masks import additive_from_bool
 
@@ -191,62 +192,28 @@ class PagedKVCache:
 
 
 # --------------------------------------------------------------------------- attention
-def _check_paged(q, k_blocks, v_blocks, block_table, seq_lens) -> None:
-    for name, x in (("q", q), ("k_blocks", k_blocks), ("v_blocks", v_blocks)):
-        require_tensor(name, x, floating=True)
-    require_rank("q", q, 4, "(B, H, T, D)")
-    require_rank("k_blocks", k_blocks, 4, "(N, H_kv, b, D)")
-    require_rank("v_blocks", v_blocks, 4, "(N, H_kv, b, D_v)")
-    require_same(("q", "k_blocks", "v_blocks"), (q, k_blocks, v_blocks), "dtype")
-    for name, x in (("block_table", block_table), ("seq_lens", seq_lens)):
-        require_tensor(name, x)
-        if x.dtype != torch.long:
-            raise TypeError(f"{name} must be an int64 (torch.long) tensor, got {x.dtype}")
-    require_rank("block_table", block_table, 2, "(B, M)")
-    require_rank("seq_lens", seq_lens, 1, "(B,)")
-    require_same(
-        ("q", "k_blocks", "v_blocks", "block_table", "seq_lens"),
-        (q, k_blocks, v_blocks, block_table, seq_lens),
-        "device",
-    )
-    if 0 in q.shape or 0 in k_blocks.shape or 0 in v_blocks.shape or 0 in block_table.shape:
-        raise ValueError(
-            f"no dimension may be empty, got q {tuple(q.shape)}, k_blocks {tuple(k_blocks.shape)}, "
-            f"v_blocks {tuple(v_blocks.shape)}, block_table {tuple(block_table.shape)}"
-        )
-    B, H, T, D = q.shape
-    N, H_kv, b, D_k = k_blocks.shape
-    if tuple(v_blocks.shape[:3]) != (N, H_kv, b):
-        raise ValueError(
-            f"k_blocks (N, H_kv, b, D) and v_blocks (N, H_kv, b, D_v) must agree on N, H_kv, b, "
-            f"got {tuple(k_blocks.shape)} and {tuple(v_blocks.shape)}"
-        )
-    if D_k != D:
-        raise ValueError(f"q (B, H, T, D) and k_blocks (N, H_kv, b, D) must share D, got {D} and {D_k}")
-    if H % H_kv != 0:
-        raise ValueError(f"the query heads H={H} must be a multiple of the key/value heads H_kv={H_kv}")
-    if block_table.shape[0] != B or seq_lens.shape[0] != B:
-        raise ValueError(
-            f"block_table (B, M) and seq_lens (B,) need B={B} rows (q's batch), "
-            f"got {tuple(block_table.shape)} and {tuple(seq_lens.shape)}"
-        )
-    capacity = block_table.shape[1] * b
-    if bool((seq_lens < T).any()) or bool((seq_lens > capacity).any()):
-        raise ValueError(
-            f"seq_lens must lie in [T={T}, M*b={capacity}] (the queries are each sequence's last T "
-            f"tokens; its table holds M={block_table.shape[1]} blocks of b={b}), got {seq_lens.tolist()}"
-        )
-    # A block holding some of the sequence's tokens must be a real id; past the last one, PAD_BLOCK may pad.
-    holds_tokens = torch.arange(block_table.shape[1], device=seq_lens.device)[None, :] * b < seq_lens[:, None]  # (B, M)
-    real = (block_table >= 0) & (block_table < N)
-    if not bool((real | (~holds_tokens & (block_table == PAD_BLOCK))).all()):
-        raise ValueError(
-            f"block_table holds physical block ids, which must be in [0, N={N}) (PAD_BLOCK={PAD_BLOCK} "
-            f"only after a sequence's last block); got values in "
-            f"[{int(block_table.min())}, {int(block_table.max())}]"
-        )
+# A block holding some of a sequence's tokens must be a real id; past its last one, PAD_BLOCK may pad.
+_REAL_IDS = (
+    "bool((((block_table >= 0) & (block_table < N)) | ((block_table == PAD_BLOCK) & "
+    "(torch.arange(M, device=seq_lens.device)[None, :] * b >= seq_lens[:, None]))).all())"
+)
 
 
+@door(
+    q="float (B, H, T, D)",
+    k_blocks="float (N, H_kv, b, D)",
+    v_blocks="float (N, H_kv, b, D_v)",
+    block_table="int (B, M)",
+    seq_lens="int (B,)",
+    same_dtype="q k_blocks v_blocks",
+    where={
+        "H % H_kv == 0": "the query heads H must be a multiple of the key/value heads H_kv",
+        "bool(((seq_lens >= T) & (seq_lens <= M * b)).all())": "seq_lens must lie in [T={T}, M*b={M * b}] (the "
+        "queries are each sequence's last T tokens; its table holds M={M} blocks of b={b}), got {seq_lens.tolist()}",
+        _REAL_IDS: "block_table holds physical block ids, which must be in [0, N={N}) (PAD_BLOCK={PAD_BLOCK} only "
+        "after a sequence's last block); got values in [{int(block_table.min())}, {int(block_table.max())}]",
+    },
+)
 def paged_attention(
     q, k_blocks, v_blocks, block_table, seq_lens, *, scale: float | None = None, backend: str = "auto"
 ) -> torch.Tensor:
@@ -254,13 +221,12 @@ def paged_attention(
 
     q (B, H, T, D): the newest T tokens of each sequence (T = 1 for a decode step);
     k_blocks (N, H_kv, b, D), v_blocks (N, H_kv, b, D_v): the block pool;
-    block_table (B, M) int64: physical block of each sequence's logical block; after a sequence's
-    last block, PAD_BLOCK (or any id: those keys are masked);
-    seq_lens (B,) int64: tokens of each sequence, its queries included.
+    block_table (B, M) int64 (or int32): physical block of each sequence's logical block; after a
+    sequence's last block, PAD_BLOCK (or any id: those keys are masked);
+    seq_lens (B,) int64 (or int32): tokens of each sequence, its queries included.
     Returns (B, H, T, D_v). Query i of sequence β sits at position seq_lens[β] - T + i and sees
     keys j <= that position (bottom-right causal alignment per sequence).
     """
-    _check_paged(q, k_blocks, v_blocks, block_table, seq_lens)
     B, H, T, D = q.shape
     N, H_kv, b, _ = k_blocks.shape
     M = block_table.shape[1]

@@ -4,6 +4,7 @@ a block out twice. (The serving simulator is tests/lib/test_serving.py.)"""
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 
 from lib.paging import PAD_BLOCK, BlockAllocator, OutOfBlocks, PagedKVCache, paged_attention, paged_attention_ref
 
@@ -246,30 +247,79 @@ def good_inputs():
     return {"q": q, "k_blocks": cache.k_blocks, "v_blocks": cache.v_blocks, "block_table": table, "seq_lens": seq_lens}
 
 
-@pytest.mark.parametrize(
-    "change, error, match",
-    [
-        (lambda a: {"block_table": a["block_table"].int()}, TypeError, "block_table must be an int64"),
-        (lambda a: {"seq_lens": a["seq_lens"].float()}, TypeError, "seq_lens must be an int64"),
-        (lambda a: {"block_table": a["block_table"] + 1000}, ValueError, r"\[0, N=40\)"),
-        (lambda a: {"block_table": a["block_table"] - 1}, ValueError, "physical block ids"),
-        (lambda a: {"seq_lens": a["seq_lens"] + 4}, ValueError, r"M\*b=16"),
-        (lambda a: {"seq_lens": a["seq_lens"] - 3}, ValueError, "T=3"),
-        (lambda a: {"q": a["q"][:, :3]}, ValueError, "multiple of the key/value heads"),
-        (lambda a: {"q": a["q"][..., :5]}, ValueError, "must share D"),
-        (lambda a: {"q": a["q"][:4]}, ValueError, "B=4"),
-        (lambda a: {"q": a["q"].double()}, ValueError, "dtype"),
-        (lambda a: {"q": a["q"][0]}, ValueError, r"\(B, H, T, D\)"),
-        (lambda a: {"v_blocks": a["v_blocks"][:, :1]}, ValueError, "agree on N, H_kv, b"),
-        (lambda a: {"block_table": a["block_table"][:, :0]}, ValueError, "empty"),
-        (lambda a: {"k_blocks": a["k_blocks"].long()}, TypeError, "floating"),
-    ],
+_IDS = (
+    "block_table holds physical block ids, which must be in [0, N=40) (PAD_BLOCK=-1 only after a sequence's last block)"
 )
-def test_paged_attention_refuses_bad_input_clearly(change, error, match):
+_LENS = (
+    "seq_lens must lie in [T=3, M*b=16] (the queries are each sequence's last T tokens; its table holds M=4 "
+    "blocks of b=4)"
+)
+PAGED_REFUSALS = [  # good_inputs: q (5, 4, 3, 8), blocks (40, 2, 4, 8), table (5, 4), seq_lens [3, 4, 7, 8, 13]
+    (
+        "block_table",
+        lambda a: a.float(),
+        TypeError,
+        "block_table must be an int64 (or int32) tensor, got torch.float32",
+    ),
+    ("seq_lens", lambda a: a.float(), TypeError, "seq_lens must be an int64 (or int32) tensor, got torch.float32"),
+    ("block_table", lambda a: a + 1000, ValueError, f"{_IDS}; got values in [999, 1009]"),
+    ("block_table", lambda a: a - 1, ValueError, f"{_IDS}; got values in [-2, 8]"),
+    ("seq_lens", lambda a: a + 4, ValueError, f"{_LENS}, got [7, 8, 11, 12, 17]"),
+    ("seq_lens", lambda a: a - 3, ValueError, f"{_LENS}, got [0, 1, 4, 5, 10]"),
+    ("seq_lens", lambda a: a.to("meta"), ValueError, "seq_lens must be on q's device cpu, got meta"),
+    (
+        "q",
+        lambda a: a[:, :3],
+        ValueError,
+        "the query heads H must be a multiple of the key/value heads H_kv, got H=3, H_kv=2",
+    ),
+    (
+        "q",
+        lambda a: a[..., :5],
+        ValueError,
+        "k_blocks must have shape (N, H_kv, b, D) with D = 5 as in q, got (40, 2, 4, 8)",
+    ),
+    ("q", lambda a: a[:4], ValueError, "block_table must have shape (B, M) with B = 4 as in q, got (5, 4)"),
+    (
+        "q",
+        lambda a: a.double(),
+        ValueError,
+        "q, k_blocks, v_blocks must share one dtype, got q: torch.float64, k_blocks: torch.float32, v_blocks: "
+        "torch.float32",
+    ),
+    ("q", lambda a: a[0], ValueError, "q must have shape (B, H, T, D) (4 dims), got (4, 3, 8)"),
+    (
+        "v_blocks",
+        lambda a: a[:, :1],
+        ValueError,
+        "v_blocks must have shape (N, H_kv, b, D_v) with H_kv = 2 as in k_blocks, got (40, 1, 4, 8)",
+    ),
+    (
+        "block_table",
+        lambda a: a[:, :0],
+        ValueError,
+        "block_table must have shape (B, M) with every size >= 1, got (5, 0)",
+    ),
+    (
+        "k_blocks",
+        lambda a: a.long(),
+        TypeError,
+        "k_blocks must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, change, error, message", rows(PAGED_REFUSALS))
+def test_paged_attention_refusals(argument, change, error, message):
+    good = good_inputs()
+    assert_refuses(paged_attention, good, argument, change(good[argument]), error, message)
+
+
+def test_block_tables_and_lengths_may_be_int32():
     args = good_inputs()
-    args.update(change(args))
-    with pytest.raises(error, match=match):
-        paged_attention(**args)
+    want = paged_attention(**args)
+    args.update(block_table=args["block_table"].int(), seq_lens=args["seq_lens"].int())
+    assert torch.equal(paged_attention(**args), want)
 
 
 def test_reference_refuses_mismatched_lists():
