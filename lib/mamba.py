@@ -38,7 +38,7 @@ from lib.conv import causal_conv1d
 from lib.kv_cache import dtype_bytes
 from lib.scan import SCANS
 
-__all__ = ["MambaConfig", "MambaMixer", "MixerCache", "SelectiveSSM"]
+__all__ = ["MambaConfig", "MambaMixer", "MixerCache", "SelectiveSSM", "state_elements"]
 
 
 # --------------------------------------------------------------------------- the model
@@ -96,6 +96,12 @@ class MambaConfig:
         base = dict(vocab_size=vocab_size, d_model=128, n_layers=4)
         base.update(changes)
         return cls(**base)
+
+
+def state_elements(config: MambaConfig, batch: int) -> int:
+    """Elements of one mixer's recurrent state for `batch` sequences: B · d_inner · ((K − 1) + N),
+    the convolution's last K − 1 inputs and the SSM's state (a MixerCache's conv and ssm)."""
+    return batch * config.d_inner * (config.d_conv - 1 + config.d_state)
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -212,8 +218,7 @@ class MambaMixer(nn.Module):
     def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str) -> int:
         """Bytes of this mixer's state, the same after any number of tokens: B · E · (K − 1 + N) · bytes."""
         require_int("batch", batch, minimum=1)
-        c, bpe = self.config, dtype_bytes(torch.float32 if dtype is None else dtype)
-        return math.ceil(batch * c.d_inner * (c.d_conv - 1 + c.d_state) * bpe)
+        return math.ceil(state_elements(self.config, batch) * dtype_bytes(torch.float32 if dtype is None else dtype))
 
     def forward(self, x: torch.Tensor, *, cache=None, start: int = 0, rope=None, mask=None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C): from a zero state, or, with `cache` a `MixerCache` (as

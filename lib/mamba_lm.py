@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from lib._checks import require_int
 from lib._door import DECODER_FORWARD
 from lib.kv_cache import dtype_bytes
-from lib.mamba import MambaConfig, MambaMixer, MixerCache
+from lib.mamba import MambaConfig, MambaMixer, MixerCache, state_elements
 from lib.norms import RMSNorm
 from lib.scan import recurrence
 
@@ -215,5 +215,4 @@ def state_bytes(model_or_config: MambaLM | MambaConfig, batch: int, dtype: torch
     if dtype is None:
         dtype = next(model_or_config.parameters()).dtype if isinstance(model_or_config, MambaLM) else torch.float32
     bpe = dtype_bytes(dtype)
-    n_elems = config.n_layers * batch * config.d_inner * (config.d_conv - 1 + config.d_state)
-    return math.ceil(n_elems * bpe)
+    return math.ceil(config.n_layers * state_elements(config, batch) * bpe)
