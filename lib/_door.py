@@ -34,17 +34,19 @@ __all__ = ["DECODER_FORWARD", "door"]
 # and -inf: no NaN, no +inf), logits (floating, no NaN, no +inf), padding (a (B, S) mask of 1 =
 # token, 0 = padding, left-padded), ids (int64 or int32; with `< bound` its values in [0, bound),
 # the bound an int argument or an attribute path such as self.config.vocab_size). Layouts: named
-# sizes (each >= 1, the same wherever the name recurs), digits, `_` (any size), `X?` (X or 1), a
+# sizes (each >= 1, the same wherever the name recurs), digits, attribute paths (self.d_model), `_`
+# (any size), `X?` (X or 1), a
 # leading `...` (any leading dims, the same in every tensor). `|` separates alternatives; `| None`
 # allows None. Scalars: "int >= 1", "real > 0", "real >= 0", "bool", "str", "instance torch.Generator"
-# (a class the declaring module can name). Every tensor must be on the first tensor's device.
+# (a class the declaring module can name), "one of SCANS" (a key or item of a collection the declaring
+# module can name). Every tensor must be on the first tensor's device.
 # `where` rules are Python expressions over the sizes, the arguments (sizes win a clash of names)
 # and the declaring module's globals, checked in order after the arguments; a rule naming a tensor
 # reads its data (a value scan). A failed rule's message is followed by the values it names
 # ("..., got H=4, H_kv=3"), or is an f-string over the same names. A callable stands for a check
 # written out: it is called as check(name, value). Arguments are checked in declared order.
 _KINDS = {"float", "int", "bool", "tensor", "additive", "logits", "ids", "padding"}
-_SCALARS = {"int", "real", "bool", "str", "instance"}
+_SCALARS = {"int", "real", "bool", "str", "instance", "one"}
 
 
 def _parse_layout(text: str) -> tuple[str, ...]:
@@ -214,6 +216,10 @@ class door:
             if not isinstance(value, cls):
                 maybe = " or None" if arg.optional else ""
                 raise TypeError(f"{name} must be a {arg.cmp[0]}{maybe}, got {type(value).__name__}")
+        if kind == "one":  # "one of SCANS": one of a collection's items (a dict's keys)
+            choices = tuple(_attr(arg.cmp[1], scope))
+            if not any(type(value) is type(c) and value == c for c in choices):
+                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
         if kind == "bool" and not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         if kind == "str" and not isinstance(value, str):
@@ -274,6 +280,9 @@ class door:
             broadcast, dim = part.endswith("?"), part.rstrip("?")
             if dim.isdigit():
                 ok, want = size == int(dim), dim
+            elif "." in dim:  # an attribute path: (B, T, self.d_model)
+                expected = _attr(dim, values)
+                ok, want = size == expected, f"{dim} = {expected}"
             elif dim in sizes:
                 ok = size == sizes[dim][0] or (broadcast and size == 1)
                 want = f"{dim} = {sizes[dim][0]} as in {sizes[dim][1]}" + (" (or 1)" if broadcast else "")

@@ -289,14 +289,10 @@ def attention(q, k, v, mask=None, causal: bool = False, scale: float | None = No
 
 
 # --------------------------------------------------------------------------- Triton (lesson 05)
-_TRITON_TAKES = (
-    "backend='triton' takes only self-attention (T == S, H_kv == H, D_v == D), causal or no mask (sdpa takes any)"
-)
-
-
-@_ATTENTION.plus(where={"mask is None and T == S and H == H_kv and D_v == D": _TRITON_TAKES})
+@_ATTENTION.plus(where={"mask is None": "backend='triton' takes causal=True or no mask, not a mask (sdpa takes any)"})
 def _attention_triton(q, k, v, mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
-    """lib.kernels.flash_attention behind the door: causal or no mask, self-attention shapes only."""
+    """lib.kernels.flash_attention behind the door: causal or no mask; the kernel refuses the shapes it
+    does not take (it computes self-attention only)."""
     from lib.kernels import flash_attention  # imported here: lib.attention must not need triton
 
     return flash_attention(q, k, v, causal=causal, sm_scale=scale)

@@ -84,23 +84,19 @@ LAYER_SIZES = door(
     num_experts="int >= 1",
     num_tokens="int >= 1",
     top_k="int >= 1",
-    activation="str",
+    activation="one of ACTIVATIONS",
     capacity_factor="real > 0 | None",
     num_layers="int >= 1",
-    gating="str",
-    dispatch="str",
+    gating="one of GATINGS",
+    dispatch="one of DISPATCHES",
     where={
         "top_k <= num_experts": "top_k must be <= num_experts (each token picks K distinct experts)",
-        "activation in ACTIVATIONS": "activation must be one of {ACTIVATIONS}, got {activation!r}",
-        "gating in GATINGS": "gating must be one of {tuple(GATINGS)}, got {gating!r}",
-        "dispatch in DISPATCHES": "dispatch must be one of {DISPATCHES}, got {dispatch!r}",
     },
 )
 _ROUTING = LAYER_SIZES.plus(logits="float (N, E)", where={"top_k <= E": "top_k must be <= the number of experts E"})
 _INPUT = door(
-    x="float (B, T, d_model)",
+    x="float (B, T, self.d_model)",
     where={
-        "d_model == self.d_model": "x must have shape (B, T, d_model={self.d_model}), got {tuple(x.shape)}",
         "x.dtype == self.w1.dtype and x.device == self.w1.device": "x must match the layer's weights "
         "({self.w1.dtype} on {self.w1.device}), got {x.dtype} on {x.device}",
     },
@@ -377,13 +373,9 @@ def _as_layers(router_logits) -> list[torch.Tensor]:
     for i, t in enumerate(layers):
         name = f"router_logits[{i}]" if isinstance(router_logits, (list, tuple)) else "router_logits"
         require_tensor(name, t, floating=True)
-        if t.dim() not in (2, 3) or t.numel() == 0:
-            raise ValueError(f"{name} must have shape (N, E) or (B, T, E) and hold a token, got {tuple(t.shape)}")
-        if t.shape[-1] != layers[0].shape[-1]:
-            raise ValueError(
-                f"every layer's router logits must have the same E={layers[0].shape[-1]}, "
-                f"got {tuple(t.shape)} at {name}"
-            )
+        if t.dim() not in (2, 3) or t.numel() == 0 or t.shape[-1] != layers[0].shape[-1]:
+            E = f" with E = {layers[0].shape[-1]} as in router_logits[0]" if i else ""
+            raise ValueError(f"{name} must have shape (N, E) or (B, T, E){E} and hold a token, got {tuple(t.shape)}")
     return [t.reshape(-1, t.shape[-1]) for t in layers]
 
 

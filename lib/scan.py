@@ -178,14 +178,11 @@ def recurrence(A_bar: torch.Tensor, Bx: torch.Tensor, h: torch.Tensor):
 
 @SCAN_CONTRACT.plus(
     chunk_size="int >= 1 | None",
-    impl="str",
+    impl="one of SCANS",
     threads="int >= 1 | None",
     where={
-        "impl in SCANS": "impl must be one of {tuple(SCANS)}, got {impl!r}",
-        "chunk_size is None or impl in ('auto', 'chunked')": "chunk_size is for impl='chunked' (impl={impl!r} "
-        "has no chunks); leave it None",
-        "threads is None or impl == 'cpu'": "threads is for impl='cpu' (the fused C loop), got "
-        "impl={impl!r}; leave it None",
+        "chunk_size is None or impl in ('auto', 'chunked')": "chunk_size is for impl='chunked', got impl={impl!r}",
+        "threads is None or impl == 'cpu'": "threads is for impl='cpu' (the fused C loop), got impl={impl!r}",
     },
 )
 def selective_scan(

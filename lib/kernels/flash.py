@@ -254,9 +254,9 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
         require_rank(name, x, 4, "(B, H, T, D)")
     if not (q.shape == k.shape == v.shape):
         raise ValueError(
-            f"flash_attention needs q, k, v of one shape (B, H, T, D): self-attention only, no "
-            f"grouped-query heads (H_kv != H) or T != S; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)}"
+            "flash_attention needs q, k, v of one shape (B, H, T, D): self-attention only, no grouped-query "
+            "heads (H_kv != H) or T != S (attention's backend='sdpa' takes any); "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype, got q: {q.dtype}, k: {k.dtype}, v: {v.dtype}")

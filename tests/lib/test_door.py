@@ -5,6 +5,7 @@ own loops (but not in debug mode)."""
 import importlib
 import inspect
 import pkgutil
+import types
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ import lib
 from lib._checks import debug, inputs_checked
 from lib._door import door
 
+MODES = {"fast": 1, "slow": 2}  # "one of MODES": a dict's keys
 PAIR = door(
+    mode="one of MODES",
     x="float (B, T, D)",
     y="float (B, T?, D) | None",
     vocab="int >= 1",  # before ids, whose bound it is: arguments are checked in the order declared
@@ -25,7 +28,9 @@ PAIR = door(
 
 
 def good(**changes):
-    args = dict(x=torch.zeros(2, 3, 4), y=None, ids=torch.zeros(2, 3, dtype=torch.long), vocab=5, scale=None)
+    args = dict(
+        mode="fast", x=torch.zeros(2, 3, 4), y=None, ids=torch.zeros(2, 3, dtype=torch.long), vocab=5, scale=None
+    )
     return {**args, **changes}
 
 
@@ -37,6 +42,9 @@ def test_a_good_call_passes_and_returns_the_sizes():
 @pytest.mark.parametrize(
     "changes, error, message",
     [
+        ({"mode": "fastest"}, ValueError, "mode must be one of ('fast', 'slow'), got 'fastest'"),
+        ({"mode": 1}, ValueError, "mode must be one of ('fast', 'slow'), got 1"),
+        ({"mode": torch.zeros(2)}, ValueError, "mode must be one of ('fast', 'slow'), got tensor([0., 0.])"),
         ({"x": [1.0]}, TypeError, "x must be a torch.Tensor, got list"),
         ({"x": torch.zeros(2, 3)}, ValueError, "x must have shape (B, T, D) (3 dims), got (2, 3)"),
         ({"x": torch.zeros(2, 0, 4)}, ValueError, "x must have shape (B, T, D) with every size >= 1, got (2, 0, 4)"),
@@ -82,6 +90,15 @@ def test_leading_dims_and_custom_checks():
         c.check(a=torch.zeros(2, 3, 1), b=torch.zeros(4, 3, 7), n=1)
     with pytest.raises(ValueError, match="n must be positive, got 0"):
         c.check(a=torch.zeros(2, 3, 1), b=torch.zeros(2, 3, 7), n=0)
+
+
+def test_a_size_may_be_an_attribute_of_an_argument():
+    c = door(x="float (B, cfg.width)")
+    cfg = types.SimpleNamespace(width=3)
+    assert c.check(x=torch.zeros(2, 3), cfg=cfg) == {"B": 2}
+    with pytest.raises(ValueError) as info:
+        c.check(x=torch.zeros(2, 4), cfg=cfg)
+    assert str(info.value) == "x must have shape (B, cfg.width) with cfg.width = 3, got (2, 4)"
 
 
 def test_a_decorated_family_drops_what_a_function_lacks_and_rules_see_module_globals():
@@ -132,8 +149,8 @@ def test_declarations_that_cannot_be_read_fail_at_import():
 
 def test_the_contract_prints_as_a_table():
     text = str(PAIR)
-    assert text.splitlines()[0].split() == ["x", "float", "(B,", "T,", "D)"]
-    assert text.splitlines()[3].split() == ["ids", "ids", "(B,", "T)", "<", "vocab"]
+    assert text.splitlines()[1].split() == ["x", "float", "(B,", "T,", "D)"]
+    assert text.splitlines()[4].split() == ["ids", "ids", "(B,", "T)", "<", "vocab"]
     assert "where       D % 2 == 0  (D must be even)" in text
 
 

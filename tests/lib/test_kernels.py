@@ -148,9 +148,9 @@ def test_triton_backend_through_attention_equals_the_reference(causal):
 @pytest.mark.parametrize(
     "shapes, mask, words",
     [
-        (((1, 2, 8, 16), (1, 2, 8, 16)), torch.zeros(8, 8, device=DEVICE), "causal or no mask (sdpa takes any)"),
-        (((1, 2, 4, 16), (1, 2, 8, 16)), None, "T == S"),
-        (((1, 4, 8, 16), (1, 2, 8, 16)), None, "H_kv == H"),
+        (((1, 2, 8, 16), (1, 2, 8, 16)), torch.zeros(8, 8, device=DEVICE), "not a mask (sdpa takes any)"),
+        (((1, 2, 4, 16), (1, 2, 8, 16)), None, "T != S (attention's backend='sdpa' takes any)"),
+        (((1, 4, 8, 16), (1, 2, 8, 16)), None, "no grouped-query heads (H_kv != H)"),
     ],
 )
 def test_triton_backend_refuses_what_the_kernel_does_not_support(shapes, mask, words):

@@ -308,11 +308,11 @@ def test_layer_refusals(argument, bad, error, message):
     assert_refuses(MoE, dict(d_model=16, d_ff=32, num_experts=6, top_k=2), argument, bad, error, message)
 
 
-_X = "x must have shape (B, T, d_model"
+_X = "x must have shape (B, T, self.d_model)"
 FORWARD_REFUSALS = [
-    ("x", torch.randn(2, 3, 8), ValueError, f"{_X}=16), got (2, 3, 8)"),
-    ("x", torch.randn(6, 16), ValueError, f"{_X}) (3 dims), got (6, 16)"),
-    ("x", torch.randn(0, 3, 16), ValueError, f"{_X}) with every size >= 1, got (0, 3, 16)"),
+    ("x", torch.randn(2, 3, 8), ValueError, f"{_X} with self.d_model = 16, got (2, 3, 8)"),
+    ("x", torch.randn(6, 16), ValueError, f"{_X} (3 dims), got (6, 16)"),
+    ("x", torch.randn(0, 3, 16), ValueError, f"{_X} with every size >= 1, got (0, 3, 16)"),
     (
         "x",
         torch.ones(2, 3, 16, dtype=torch.long),
@@ -377,7 +377,8 @@ OTHER_REFUSALS = [
         load_balancing_loss,
         dict(router_logits=[torch.randn(5, 4), torch.randn(5, 6)], top_k=1),
         ValueError,
-        "every layer's router logits must have the same E=4, got (5, 6) at router_logits[1]",
+        "router_logits[1] must have shape (N, E) or (B, T, E) with E = 4 as in router_logits[0] and hold a token, "
+        "got (5, 6)",
     ),
     (
         load_balancing_loss,

@@ -8,6 +8,7 @@ from functools import partial
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 from scan_builders import TOL64, assert_close32, bad_scan_cases, one_thread, scan_inputs  # noqa: F401  (one_thread: autouse)
 
 from lib.lti import lti_kernel, ssm_convolution
@@ -166,10 +167,27 @@ def test_scans_refuse_bad_inputs_with_a_clear_error(scan, case):
     assert str(info.value) == message
 
 
+_IMPLS = "('auto', 'chunked', 'cpu', 'ref', 'parallel', 'triton')"
+FRONT_DOOR_REFUSALS = [  # selective_scan's own knobs (its tensors: bad_scan_cases above)
+    ("impl", "fast", ValueError, f"impl must be one of {_IMPLS}, got 'fast'"),
+    ("impl", None, ValueError, f"impl must be one of {_IMPLS}, got None"),
+    ("chunk_size", 0, ValueError, "chunk_size must be >= 1, got 0"),
+    ("chunk_size", 2.0, TypeError, "chunk_size must be an int, got float"),
+    ("impl, chunk_size", ("ref", 4), ValueError, "chunk_size is for impl='chunked', got impl='ref'"),
+    ("impl, threads", ("chunked", 2), ValueError, "threads is for impl='cpu' (the fused C loop), got impl='chunked'"),
+    ("threads", 0, ValueError, "threads must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FRONT_DOOR_REFUSALS))
+def test_selective_scan_front_door_refusals(argument, bad, error, message):
+    x, delta, A, B, C, _, _ = scan_inputs(2, 6, 3, 4)
+    good = dict(x=x, delta=delta, A=A, B=B, C=C, impl="cpu" if argument == "threads" else "auto")
+    assert_refuses(selective_scan, good, argument, bad, error, message)
+
+
 def test_the_other_scan_functions_refuse_bad_inputs():
     x, delta, A, B, C, D, _ = scan_inputs(2, 6, 3, 4)
-    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
-        selective_scan(x, delta, A, B, C, chunk_size=0)
     with pytest.raises(ValueError, match=r"delta must have shape \(\.\.\., D\)"):
         discretize(delta[..., :2], A, B)
     with pytest.raises(ValueError, match=r"B_bar must have shape \(D, N\)"):

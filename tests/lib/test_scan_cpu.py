@@ -476,10 +476,6 @@ def test_kernel_specific_bad_arguments():
         selective_scan_cpu(x, dl, A, B, C, threads=0)
     with pytest.raises(TypeError, match="return_state must be a bool"):
         selective_scan_cpu(x, dl, A, B, C, return_state="yes")
-    with pytest.raises(ValueError, match="impl must be one of"):
-        selective_scan(x, dl, A, B, C, impl="fast")
-    with pytest.raises(ValueError, match="chunk_size is for impl='chunked'"):
-        selective_scan(x, dl, A, B, C, chunk_size=4, impl="cpu")
     with pytest.raises(ValueError, match="selective_scan_cpu runs on CPU tensors, got device meta"):
         scan_cpu.require_cpu(torch.empty(1, device="meta").device)
 
