@@ -6,12 +6,14 @@ import dataclasses
 import pytest
 import torch
 from compare_builders import TINY
+from refusals import assert_refuses, built, rows
 
 import lib.course.compare as compare
 from lib.course.compare import (
     ARCHITECTURES,
     MixedTask,
     Recipe,
+    Setting,
     active_parameters,
     build_models,
     expert_scaling,
@@ -52,8 +54,19 @@ def test_build_model_builds_one_of_the_four_with_the_same_weights():
     torch.rand(7)  # whatever ran before, a model is seeded by its own (seed, architecture) alone
     again = compare.build_model(TINY, "Mamba", 12, seed=6)
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), other.parameters()))
-    with pytest.raises(ValueError, match="name must be one of"):
-        compare.build_model(TINY, "RWKV", 12)
+
+
+BUILD_MODEL_REFUSALS = [
+    ("name", "RWKV", ValueError, "name must be one of ('GPT', 'Mamba', 'MoE GPT', 'Hybrid'), got 'RWKV'"),
+    ("vocab_size", 0, ValueError, "vocab_size must be >= 1, got 0"),
+    ("seed", 1.5, TypeError, "seed must be an int, got float"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(BUILD_MODEL_REFUSALS))
+def test_build_model_refusals(argument, bad, error, message):
+    good = dict(setting=TINY, name="Mamba", vocab_size=12, seed=5)
+    assert_refuses(compare.build_model, good, argument, bad, error, message)
 
 
 def test_active_parameters_count_k_of_e_experts():
@@ -85,8 +98,25 @@ def test_flop_count_equals_the_gpt_formula_and_is_linear_for_mamba():
         counts[scan] = forward_flops(mamba, 24)
         assert all(m.scan == scan for m in mamba.modules() if isinstance(m, SelectiveSSM))
     assert len(set(counts.values())) == 1, counts
-    with pytest.raises(TypeError, match="model must be a lib.gpt.GPT"):
-        forward_flops(torch.nn.Linear(2, 2), 4)
+
+
+FORWARD_FLOPS_REFUSALS = [
+    (
+        "model",
+        built(lambda: torch.nn.Linear(2, 2)),
+        TypeError,
+        "model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.mamba_lm.MambaLM, got Linear",
+    ),
+    ("T", 0, ValueError, "T must be >= 1, got 0"),
+    ("T", 4.0, TypeError, "T must be an int, got float"),
+    ("batch", 0, ValueError, "batch must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_FLOPS_REFUSALS))
+def test_forward_flops_refusals(argument, bad, error, message):
+    good = dict(model=compare.build_model(TINY, "GPT", 12), T=4, batch=1)
+    assert_refuses(forward_flops, good, argument, bad, error, message)
 
 
 def test_scaling_exponent_reads_the_power():
@@ -94,10 +124,20 @@ def test_scaling_exponent_reads_the_power():
     assert scaling_exponent(xs, [x**2 for x in xs]) == pytest.approx(2.0)
     assert scaling_exponent(xs, [3 * x + 0 for x in xs]) == pytest.approx(1.0)
     assert scaling_exponent(xs, [5, 5, 5]) == pytest.approx(0.0)
-    with pytest.raises(ValueError, match="same length >= 2"):
-        scaling_exponent([1], [1])
-    with pytest.raises(ValueError, match="positive, distinct x"):
-        scaling_exponent([4, 4], [1, 2])
+
+
+_LAST_TWO = "the last two points must have positive, distinct x and positive y, got"
+SCALING_EXPONENT_REFUSALS = [
+    ("xs, ys", ([1], [1]), ValueError, "xs and ys must have the same length >= 2, got 1 and 1"),
+    ("ys", [1, 2], ValueError, "xs and ys must have the same length >= 2, got 3 and 2"),
+    ("xs, ys", ([4, 4], [1, 2]), ValueError, f"{_LAST_TWO} [4, 4], [1, 2]"),
+    ("ys", [1, 0, 2], ValueError, f"{_LAST_TWO} [100, 1000], [0, 2]"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(SCALING_EXPONENT_REFUSALS))
+def test_scaling_exponent_refusals(argument, bad, error, message):
+    assert_refuses(scaling_exponent, dict(xs=[10, 100, 1000], ys=[1, 2, 4]), argument, bad, error, message)
 
 
 def test_expert_flops_grow_only_by_the_router():
@@ -114,15 +154,30 @@ def test_mixed_task_is_seeded_and_checks_its_parts():
     assert set(shapes) == {7, 10}
     again = [mix(2, g)[0].shape[1] for g in [torch.Generator().manual_seed(0)] for _ in range(20)]
     assert shapes == again
-    with pytest.raises(ValueError, match="share one vocabulary"):
-        MixedTask([AssociativeRecall(2, 2, 8, 8), SelectiveCopying()])
-    with pytest.raises(ValueError, match="non-empty list"):
-        MixedTask([])
+
+
+_TASKS = "tasks must be a non-empty list of tasks (callables (batch, generator) -> (idx, targets))"
+MIXED_TASK_REFUSALS = [
+    (
+        "tasks",
+        [AssociativeRecall(2, 2, 8, 8), SelectiveCopying()],
+        ValueError,
+        "the tasks must share one vocabulary, got vocab sizes ['10', '18']",
+    ),
+    ("tasks", [], ValueError, _TASKS),
+    ("tasks", [3], ValueError, _TASKS),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(MIXED_TASK_REFUSALS))
+def test_mixed_task_refusals(argument, bad, error, message):
+    good = dict(tasks=[AssociativeRecall(2, 2, 4, 4), AssociativeRecall(3, 3, 4, 4)])
+    assert_refuses(MixedTask, good, argument, bad, error, message)
 
 
 def test_each_model_trains_with_its_own_recipe():
     """train_all hands each model its recipe: a model trained alone with its recipe gets the same
-    bits; a mapping that misses a model is refused."""
+    bits (a mapping that misses a model is refused: TRAIN_ALL_REFUSALS)."""
     task = compare.recall_task(TINY, 2)
     recipes = {"GPT": Recipe(steps=2, batch_size=3, lr=1e-2), "Mamba": Recipe(steps=3, batch_size=2, lr=5e-3)}
     models = {k: v for k, v in build_models(TINY, task.vocab_size).items() if k in recipes}
@@ -131,27 +186,67 @@ def test_each_model_trains_with_its_own_recipe():
     again = build_models(TINY, task.vocab_size)["Mamba"]
     assert train_all({"Mamba": again}, task, recipes["Mamba"], seed=4)["Mamba"] == losses["Mamba"]
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), models["Mamba"].parameters()))
-    with pytest.raises(ValueError, match="none for \\['Mamba'\\]"):
-        train_all(models, task, {"GPT": recipes["GPT"]})
-    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
-        Recipe(steps=1, batch_size=1, lr=0.0)
-    with pytest.raises(ValueError, match="recall must map each of"):
-        dataclasses.replace(TINY, recall={"GPT": recipes["GPT"]})
-    with pytest.raises(ValueError, match="seeds must be a non-empty tuple"):
-        dataclasses.replace(TINY, seeds=())
-    with pytest.raises(ValueError, match="state_sizes must be a tuple of ints >= 1"):
-        dataclasses.replace(TINY, state_sizes=(0,))
-    with pytest.raises(ValueError, match="d_state must be >= 1"):
-        dataclasses.replace(TINY, d_state=0)
 
 
-def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="setting must be a Setting or one of"):
-        build_models("huge", 10)
-    with pytest.raises(TypeError, match="setting must be a lib.course.compare.Setting"):
-        build_models(3, 10)
-    with pytest.raises(ValueError, match="vocab_size must be >= 1"):
-        build_models("default", 0)
+_GPT_RECIPE = Recipe(steps=2, batch_size=3, lr=1e-2)
+_MAP_EVERY = "recipe must be a lib.course.compare.Recipe or map every model to one; none for"
+TRAIN_ALL_REFUSALS = [
+    ("recipe", {"GPT": _GPT_RECIPE}, ValueError, f"{_MAP_EVERY} ['Mamba']"),
+    ("recipe", None, ValueError, f"{_MAP_EVERY} ['GPT', 'Mamba']"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(TRAIN_ALL_REFUSALS))
+def test_train_all_refusals(argument, bad, error, message):
+    task = compare.recall_task(TINY, 2)
+    models = {name: compare.build_model(TINY, name, task.vocab_size) for name in ("GPT", "Mamba")}
+    good = dict(models=models, task=task, recipe=Recipe(steps=1, batch_size=2, lr=1e-3))
+    assert_refuses(train_all, good, argument, bad, error, message)
+
+
+RECIPE_REFUSALS = [
+    ("lr", 0.0, ValueError, "lr must be a finite number > 0, got 0.0"),
+    ("lr", "1e-3", TypeError, "lr must be a real number, got str"),
+    ("steps", 0, ValueError, "steps must be >= 1, got 0"),
+    ("batch_size", 1.0, TypeError, "batch_size must be an int, got float"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(RECIPE_REFUSALS))
+def test_recipe_refusals(argument, bad, error, message):
+    assert_refuses(Recipe, dict(steps=1, batch_size=1, lr=1e-3), argument, bad, error, message)
+
+
+_MAP_EACH = "must map each of ('GPT', 'Mamba', 'MoE GPT', 'Hybrid') to a Recipe, got"
+SETTING_REFUSALS = [
+    ("recall", {"GPT": _GPT_RECIPE}, ValueError, f"recall {_MAP_EACH} {{'GPT': {_GPT_RECIPE!r}}}"),
+    ("copy", None, ValueError, f"copy {_MAP_EACH} None"),
+    ("seeds", (), ValueError, "seeds must be a non-empty tuple of ints, got ()"),
+    ("seeds", (True,), ValueError, "seeds must be a non-empty tuple of ints, got (True,)"),
+    ("state_sizes", (0,), ValueError, "state_sizes must be a tuple of ints >= 1 (Mamba's d_state), got (0,)"),
+    ("d_state", 0, ValueError, "d_state must be >= 1, got 0"),
+    ("dtype", "float16", ValueError, "dtype must be 'float32' or 'float64', got 'float16'"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(SETTING_REFUSALS))
+def test_setting_refusals(argument, bad, error, message):
+    good = {f.name: getattr(TINY, f.name) for f in dataclasses.fields(Setting)}  # TINY, field by field
+    assert_refuses(Setting, good, argument, bad, error, message)
+
+
+_SETTINGS = "['default', 'full', 'state']"
+BUILD_MODELS_REFUSALS = [
+    ("setting", "huge", ValueError, f"setting must be a Setting or one of {_SETTINGS}, got 'huge'"),
+    ("setting", 3, TypeError, f"setting must be a lib.course.compare.Setting or one of {_SETTINGS}, got int"),
+    ("vocab_size", 0, ValueError, "vocab_size must be >= 1, got 0"),
+    ("seed", "0", TypeError, "seed must be an int, got str"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(BUILD_MODELS_REFUSALS))
+def test_build_models_refusals(argument, bad, error, message):
+    assert_refuses(build_models, dict(setting="default", vocab_size=10), argument, bad, error, message)
 
 
 def test_seed_ranges_and_gaps_that_no_seed_closes():
@@ -176,3 +271,15 @@ def test_a_gap_is_judged_only_between_models_that_learned():
     j = compare.judge_gap(acc, "GPT", "Mamba", easiest=4, judged=(8, 16), margin=0.1)
     assert j["at"] == {"8": False, "16": True}  # 0.99 is not above 0.9 + 0.1
     assert compare.judge_gap(acc, "Hybrid", "Mamba", easiest=4, judged=(8,))["not_learned"] == ["Hybrid"]
+
+
+JUDGE_STATE_SWEEP_REFUSALS = [
+    ("attention", "RWKV", ValueError, "attention must name a model of acc (['GPT', 'Mamba']), got 'RWKV'"),
+    ("min_runs", 0, ValueError, "min_runs must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(JUDGE_STATE_SWEEP_REFUSALS))
+def test_judge_state_sweep_refusals(argument, bad, error, message):
+    good = dict(acc={"GPT": {"4": [1.0, 1.0]}, "Mamba": {"4": [1.0, 0.5]}}, easiest=4, judged=(4,))
+    assert_refuses(compare.judge_state_sweep, good, argument, bad, error, message)

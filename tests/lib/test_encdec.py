@@ -3,6 +3,7 @@ cross-attention keys and values computed once, and honours both of its masks."""
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 from transformers import BartConfig, BartForConditionalGeneration
 
 from lib.encdec import EncDecConfig, EncoderDecoder, greedy_decode, greedy_decode_ref
@@ -148,48 +149,107 @@ def test_decoding_step_by_step_with_caches_gives_the_full_forward_logits():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_t5_and_other_bart_variants_are_refused_clearly():
-    with pytest.raises(ValueError, match="activation_function"):
-        EncDecConfig.from_huggingface(BartConfig(activation_function="relu"))
-    with pytest.raises(ValueError, match="decoder_attention_heads"):
-        EncDecConfig.from_huggingface(BartConfig(encoder_attention_heads=4, decoder_attention_heads=2))
+FROM_HUGGINGFACE_REFUSALS = [
+    (
+        "hf_config",
+        BartConfig(activation_function="relu"),
+        ValueError,
+        "this BART config does not fit EncDecConfig: activation_function='relu' (this model uses exact GELU)",
+    ),
+    (
+        "hf_config",
+        BartConfig(encoder_attention_heads=4, decoder_attention_heads=2),
+        ValueError,
+        "this BART config does not fit EncDecConfig: encoder_attention_heads=4 vs decoder_attention_heads=2",
+    ),
+]
 
 
-@pytest.mark.parametrize(
-    "call, error, words",
-    [
-        (lambda m: m(torch.zeros(2, 3), torch.zeros(2, 2, dtype=torch.long)), TypeError, "input_ids"),
-        (lambda m: m(torch.full((2, 3), V), torch.zeros(2, 2, dtype=torch.long)), ValueError, "vocab_size"),
-        (
-            lambda m: m(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 4)),
-            ValueError,
-            "attention_mask",
-        ),
-        (lambda m: m.decode(torch.zeros(1, 2, dtype=torch.long), []), ValueError, "cross_kv"),
-        (
-            lambda m: m.decode(torch.zeros(1, 2, dtype=torch.long), m.cross_kv(torch.zeros(1, 3, 32)), start=2),
-            ValueError,
-            "caches",
-        ),
-        (lambda m: m.cross_kv(torch.zeros(1, 3, 16)), ValueError, "memory"),
-        (
-            lambda m: greedy_decode(m, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=0),
-            ValueError,
-            "max_new_tokens",
-        ),
-        (
-            lambda m: greedy_decode(m, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=40),
-            ValueError,
-            "max_position_embeddings",
-        ),
-        (lambda m: EncDecConfig(d_model=30, n_heads=4), ValueError, "divisible"),
-        (lambda m: EncDecConfig(pad_token_id=64), ValueError, "pad_token_id"),
-    ],
-)
-def test_bad_input_raises_a_clear_error(call, error, words):
-    model = EncoderDecoder(EncDecConfig(vocab_size=V, max_position_embeddings=32))
-    with pytest.raises(error, match=words):
-        call(model)
+@pytest.mark.parametrize("argument, bad, error, message", rows(FROM_HUGGINGFACE_REFUSALS))
+def test_t5_and_other_bart_variants_are_refused_clearly(argument, bad, error, message):
+    assert_refuses(EncDecConfig.from_huggingface, dict(hf_config=BartConfig()), argument, bad, error, message)
+
+
+CONFIG_REFUSALS = [
+    ("d_model", 30, ValueError, "d_model (30) must be divisible by n_heads (4)"),
+    ("pad_token_id", 64, ValueError, "pad_token_id must lie in [0, vocab_size=64), got 64"),
+    ("n_heads", 0, ValueError, "n_heads must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(CONFIG_REFUSALS))
+def test_config_refusals(argument, bad, error, message):
+    assert_refuses(EncDecConfig, dict(d_model=32, n_heads=4), argument, bad, error, message)
+
+
+def _model():
+    return EncoderDecoder(EncDecConfig(vocab_size=V, max_position_embeddings=32))
+
+
+_IDS = torch.zeros(2, 3, dtype=torch.long)
+FORWARD_REFUSALS = [
+    (
+        "input_ids",
+        torch.zeros(2, 3),
+        TypeError,
+        "input_ids must be an int64 (or int32) tensor of token ids, got torch.float32",
+    ),
+    ("input_ids", torch.full((2, 3), V), ValueError, "input_ids must lie in [0, vocab_size=48), got min 48, max 48"),
+    (
+        "attention_mask",
+        torch.ones(2, 4),
+        ValueError,
+        "attention_mask must have input_ids' shape (B, S) = (2, 3), got (2, 4)",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
+def test_forward_refusals(argument, bad, error, message):
+    good = dict(input_ids=_IDS, decoder_input_ids=torch.zeros(2, 2, dtype=torch.long), attention_mask=None)
+    assert_refuses(_model(), good, argument, bad, error, message)
+
+
+DECODE_REFUSALS = [
+    ("cross_kv", [], ValueError, "cross_kv must be a list of 2 (k, v) pairs, from cross_kv(memory)"),
+    ("start", 2, ValueError, "start=2 needs the caches that hold positions 0..1"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(DECODE_REFUSALS))
+def test_decode_refusals(argument, bad, error, message):
+    model = _model()
+    good = dict(decoder_input_ids=torch.zeros(1, 2, dtype=torch.long), cross_kv=model.cross_kv(torch.zeros(1, 3, 32)))
+    assert_refuses(model.decode, good, argument, bad, error, message)
+
+
+CROSS_KV_REFUSALS = [
+    ("memory", torch.zeros(1, 3, 16), ValueError, "memory must be the encoder's output (B, S, C=32), got (1, 3, 16)"),
+    (
+        "memory",
+        torch.zeros(1, 3, 32, dtype=torch.long),
+        TypeError,
+        "memory must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(CROSS_KV_REFUSALS))
+def test_cross_kv_refusals(argument, bad, error, message):
+    assert_refuses(_model().cross_kv, dict(memory=torch.zeros(1, 3, 32)), argument, bad, error, message)
+
+
+GREEDY_DECODE_REFUSALS = [
+    ("max_new_tokens", 0, ValueError, "max_new_tokens must be >= 1, got 0"),
+    ("max_new_tokens", 40, ValueError, "max_new_tokens + 1 = 41 target positions exceed max_position_embeddings=32"),
+    ("model", "bart", TypeError, "model must be an EncoderDecoder, got str"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(GREEDY_DECODE_REFUSALS))
+def test_greedy_decode_refusals(argument, bad, error, message):
+    good = dict(model=_model(), input_ids=torch.zeros(1, 3, dtype=torch.long), max_new_tokens=5)
+    assert_refuses(greedy_decode, good, argument, bad, error, message)
 
 
 def test_returned_cross_attention_weights_are_the_ones_used():

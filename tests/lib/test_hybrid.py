@@ -4,6 +4,7 @@ the pattern alone decides the layers."""
 import pytest
 import tiny_models
 import torch
+from refusals import assert_refuses, rows
 
 from lib.decode import generate
 from lib.gpt import GPTConfig
@@ -42,32 +43,89 @@ def test_mixer_layers_keep_mamba_init_and_only_the_pattern_decides_the_layers():
     assert "pattern='MAM'" in repr(model)
 
 
-def test_mixer_cache_advances_and_refuses_gaps():
+def test_mixer_cache_advances():
     model = tiny_hybrid("MA")
     caches = model.new_caches(2, 10)
     assert isinstance(caches[0], MixerCache) and isinstance(caches[1], KVCache)
     nbytes = caches[0].nbytes
     model(torch.randint(0, 20, (2, 4)), caches=caches)
     assert caches[0].length == 4 and caches[0].nbytes == nbytes
-    with pytest.raises(ValueError, match="cannot skip or rewind positions"):
-        model(torch.randint(0, 20, (2, 1)), caches=caches, start=6)
-    with pytest.raises(ValueError, match="caches were built for batch size 2"):
-        model(torch.randint(0, 20, (3, 1)), caches=caches, start=4)
 
 
-def test_bad_arguments_are_refused_with_the_reason():
-    config = GPTConfig(vocab_size=20, block_size=16, n_layer=3, n_head=4, n_embd=32)
-    with pytest.raises(ValueError, match="pattern must be a non-empty string"):
-        HybridGPT(config, "MXA")
-    with pytest.raises(ValueError, match="pattern has 2 layers but config.n_layer = 3"):
-        HybridGPT(config, "MA")
-    with pytest.raises(ValueError, match=r"mamba.d_model \(16\) must equal config.n_embd \(32\)"):
-        HybridGPT(config, "MAM", MambaConfig(vocab_size=20, d_model=16, n_layers=1))
-    with pytest.raises(TypeError, match="config must be a lib.gpt.GPTConfig"):
-        HybridGPT({"n_layer": 3}, "MAM")
+FORWARD_REFUSALS = [
+    (  # a gap: the mixer's state cannot skip positions
+        "start",
+        6,
+        ValueError,
+        "start must equal the positions already read (4): a recurrent state cannot skip or rewind positions, got 6",
+    ),
+    (
+        "idx",
+        torch.zeros(3, 1, dtype=torch.long),
+        ValueError,
+        "caches were built for batch size 2, idx has batch size 3",
+    ),
+    (
+        "idx, attention_mask, caches",
+        (torch.zeros(2, 4, dtype=torch.long), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]), None),
+        ValueError,
+        (
+            "a model with Mamba layers takes no padding: attention_mask must be None or all ones (a "
+            "padding token would enter the recurrent state); run rows separately"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
+def test_forward_refusals(argument, bad, error, message):
     model = tiny_hybrid("MA")
-    with pytest.raises(ValueError, match="takes no padding"):
-        model(torch.randint(0, 20, (2, 4)), attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    caches = model.new_caches(2, 10)
+    model(torch.randint(0, 20, (2, 4)), caches=caches)  # 4 positions read
+    good = dict(idx=torch.zeros(2, 1, dtype=torch.long), caches=caches, start=4)
+    assert_refuses(model, good, argument, bad, error, message)
+    assert caches[0].length == 4  # a refused call leaves the state where it was
+
+
+_CONFIG = GPTConfig(vocab_size=20, block_size=16, n_layer=3, n_head=4, n_embd=32)
+HYBRID_REFUSALS = [
+    (
+        "pattern",
+        "MXA",
+        ValueError,
+        (
+            "pattern must be a non-empty string of ['A', 'M'] (one letter per layer: A = attention, M "
+            "= Mamba mixer), got 'MXA'"
+        ),
+    ),
+    ("pattern", "MA", ValueError, "pattern has 2 layers but config.n_layer = 3; they must agree"),
+    (
+        "pattern",
+        "",
+        ValueError,
+        (
+            "pattern must be a non-empty string of ['A', 'M'] (one letter per layer: A = attention, M "
+            "= Mamba mixer), got ''"
+        ),
+    ),
+    (
+        "mamba",
+        MambaConfig(vocab_size=20, d_model=16, n_layers=1),
+        ValueError,
+        "mamba.d_model (16) must equal config.n_embd (32)",
+    ),
+    ("mamba", {"d_model": 32}, TypeError, "mamba must be a lib.mamba.MambaConfig or None, got dict"),
+    ("config", {"n_layer": 3}, TypeError, "config must be a lib.gpt.GPTConfig, got dict"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(HYBRID_REFUSALS))
+def test_hybrid_refusals(argument, bad, error, message):
+    assert_refuses(HybridGPT, dict(config=_CONFIG, pattern="MAM", mamba=None), argument, bad, error, message)
+
+
+def test_an_all_ones_mask_is_taken_and_new_caches_refuses_a_length_past_the_block():
+    model = tiny_hybrid("MA")
     ones = model(torch.randint(0, 20, (2, 4)), attention_mask=torch.ones(2, 4, dtype=torch.long))
     assert ones.shape == (2, 4, 20)
     with pytest.raises(ValueError, match="max_len must be <= block_size=48"):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from refusals import assert_refuses, built, rows
 
 from lib.attention import attention
 from lib.lora import LoRALinear, add_lora, count_parameters, merge_lora
@@ -219,55 +220,102 @@ def test_merge_after_training_gives_plain_linears_with_the_same_output():
     assert merge_lora(model) == []
 
 
-def test_add_lora_twice_raises_and_points_to_merge_lora():
+def _with_lora():
     model = TinyGPT()
     add_lora(model, ["c_attn"], r=R)
-    with pytest.raises(
-        ValueError, match=r"already holds LoRA layers \(h\.0\.attn\.c_attn, h\.1\.attn\.c_attn\).*merge_lora"
-    ):
-        add_lora(model, ["c_attn"], r=R)
-    with pytest.raises(ValueError, match="already holds LoRA layers"):
-        add_lora(model, ["base"], r=R)  # the wrapped Linear inside the adapter is never wrapped again
+    return model
 
 
-def test_no_match_lists_the_linear_layers_and_says_when_a_match_is_not_linear():
+def _with_conv1d():
     model = TinyGPT()
-    with pytest.raises(ValueError, match=r"targets \['q_proj'\] matched no nn.Linear.*h\.0\.attn\.c_attn.*lm_head"):
-        add_lora(model, ["q_proj"])
     model.h[0].attn.c_attn = nn.Conv1d(C, 3 * C, 1)  # like Hugging Face GPT-2's Conv1D c_attn
     model.h[1].attn.c_attn = nn.Conv1d(C, 3 * C, 1)
-    with pytest.raises(ValueError, match=r"exist but are not nn.Linear: h\.0\.attn\.c_attn \(Conv1d\)"):
-        add_lora(model, ["c_attn"])
-    many = nn.Sequential(*[nn.Linear(2, 2) for _ in range(20)])
-    with pytest.raises(ValueError, match=r"\(8 more\)"):
-        add_lora(many, ["nope"])
+    return model
 
 
-def test_multihead_attention_out_proj_is_refused():
-    model = nn.ModuleDict({"mha": nn.MultiheadAttention(8, 2)})
-    with pytest.raises(ValueError, match="mha.out_proj.*nn.MultiheadAttention"):
-        add_lora(model, ["out_proj"])
+ADD_LORA_REFUSALS = [
+    ("model", built(lambda: [nn.Linear(2, 2)]), TypeError, "model must be a torch.nn.Module, got list"),
+    (
+        "targets",
+        "c_attn",
+        TypeError,
+        "targets must be an iterable of module names such as ('c_attn', 'c_proj'), got 'c_attn'",
+    ),
+    ("targets", None, TypeError, "targets must be an iterable of module names such as ('c_attn', 'c_proj'), got None"),
+    ("targets", ["c_attn", 3], TypeError, "targets must hold only str module names, got ['c_attn', 3]"),
+    ("targets", [], ValueError, "targets must name at least one module, e.g. ('c_attn', 'c_proj'), got none"),
+    ("r", 0, ValueError, "r must be >= 1, got 0"),
+    ("r", 4.0, TypeError, "r must be an int, got float"),
+    ("alpha", -1.0, ValueError, "alpha must be a finite number > 0 (the update is scaled by alpha / r), got -1.0"),
+    (
+        "targets",
+        ["q_proj"],
+        ValueError,
+        (
+            "targets ['q_proj'] matched no nn.Linear in the model; its nn.Linear modules are: "
+            "h.0.attn.c_attn, h.0.attn.c_proj, h.0.mlp.c_fc, h.0.mlp.c_proj, h.1.attn.c_attn, "
+            "h.1.attn.c_proj, h.1.mlp.c_fc, h.1.mlp.c_proj, lm_head"
+        ),
+    ),
+    # add_lora twice: merge_lora first
+    (
+        "model",
+        built(_with_lora),
+        ValueError,
+        (
+            "model already holds LoRA layers (h.0.attn.c_attn, h.1.attn.c_attn): add_lora applies "
+            "once, to a model without adapters; name every target in one call, or merge_lora(model) "
+            "first"
+        ),
+    ),
+    # the Linear inside an adapter is never wrapped
+    (
+        "model, targets",
+        (built(_with_lora), ["base"]),
+        ValueError,
+        (
+            "model already holds LoRA layers (h.0.attn.c_attn, h.1.attn.c_attn): add_lora applies "
+            "once, to a model without adapters; name every target in one call, or merge_lora(model) "
+            "first"
+        ),
+    ),
+    (
+        "model",
+        built(_with_conv1d),
+        ValueError,
+        (
+            "targets ['c_attn'] matched no nn.Linear in the model; its nn.Linear modules are: "
+            "h.0.attn.c_proj, h.0.mlp.c_fc, h.0.mlp.c_proj, h.1.attn.c_proj, h.1.mlp.c_fc, "
+            "h.1.mlp.c_proj, lm_head; modules with those names exist but are not nn.Linear: "
+            "h.0.attn.c_attn (Conv1d), h.1.attn.c_attn (Conv1d)"
+        ),
+    ),
+    (
+        "model, targets",
+        (built(lambda: nn.Sequential(*[nn.Linear(2, 2) for _ in range(20)])), ["nope"]),
+        ValueError,
+        (
+            "targets ['nope'] matched no nn.Linear in the model; its nn.Linear modules are: 0, 1, 2, "
+            "3, 4, 5, 6, 7, 8, 9, 10, 11, ... (8 more)"
+        ),
+    ),
+    (
+        "model, targets",
+        (built(lambda: nn.ModuleDict({"mha": nn.MultiheadAttention(8, 2)})), ["out_proj"]),
+        ValueError,
+        (
+            "targets matched mha.out_proj, the output projection inside nn.MultiheadAttention, which "
+            "LoRALinear cannot wrap"
+        ),
+    ),
+]
 
 
-@pytest.mark.parametrize(
-    "kwargs, error, words",
-    [
-        (dict(model=[nn.Linear(2, 2)]), TypeError, "model must be a torch.nn.Module"),
-        (dict(targets="c_attn"), TypeError, "targets must be an iterable of module names"),
-        (dict(targets=None), TypeError, "targets must be an iterable"),
-        (dict(targets=["c_attn", 3]), TypeError, "targets must hold only str"),
-        (dict(targets=[]), ValueError, "targets must name at least one module"),
-        (dict(r=0), ValueError, "r must be >= 1"),
-        (dict(r=4.0), TypeError, "r must be an int"),
-        (dict(alpha=-1.0), ValueError, "alpha must be a finite number > 0"),
-    ],
-)
-def test_add_lora_bad_arguments_raise_and_leave_the_model_untouched(kwargs, error, words):
+@pytest.mark.parametrize("argument, bad, error, message", rows(ADD_LORA_REFUSALS))
+def test_add_lora_refusals_leave_the_model_untouched(argument, bad, error, message):
     model = TinyGPT()
-    args = dict(model=model, targets=("c_attn",), r=R, alpha=8.0)
-    args.update(kwargs)
-    with pytest.raises(error, match=words):
-        add_lora(**args)
+    good = dict(model=model, targets=("c_attn",), r=R, alpha=8.0)
+    assert_refuses(add_lora, good, argument, bad, error, message)
     assert all(p.requires_grad for p in model.parameters())
     assert not any(isinstance(m, LoRALinear) for m in model.modules())
 
@@ -276,34 +324,69 @@ def lin():
     return nn.Linear(8, 4)
 
 
-@pytest.mark.parametrize(
-    "call, error, words",
-    [
-        (lambda: LoRALinear(nn.Conv1d(8, 4, 1)), TypeError, "base must be a torch.nn.Linear, got Conv1d"),
-        (lambda: LoRALinear(LoRALinear(lin())), TypeError, "base must be a torch.nn.Linear, got LoRALinear"),
-        (lambda: LoRALinear(lin(), r=0), ValueError, "r must be >= 1"),
-        (lambda: LoRALinear(lin(), r=True), TypeError, "r must be an int"),
-        (lambda: LoRALinear(lin(), alpha=0.0), ValueError, "alpha must be a finite number > 0"),
-        (lambda: LoRALinear(lin(), alpha=float("nan")), ValueError, "alpha must be a finite number > 0"),
-        (
-            lambda: LoRALinear(lin())(torch.ones(3, 5)),
-            ValueError,
-            r"x must have shape \(..., in_features\) = \(..., 8\)",
-        ),
-        (lambda: LoRALinear(lin())(torch.ones(3, 8, dtype=torch.int64)), TypeError, "x must have a floating dtype"),
-        (
-            lambda: LoRALinear(lin())(torch.ones(3, 8, dtype=torch.float64)),
-            ValueError,
-            "x must match the layer's dtype",
-        ),
-        (lambda: merge_lora(LoRALinear(lin())), ValueError, r"use model.merged\(\)"),
-        (lambda: merge_lora("model"), TypeError, "model must be a torch.nn.Module"),
-        (lambda: count_parameters(lin(), trainable_only=1), TypeError, "trainable_only must be a bool"),
-    ],
-)
-def test_bad_input_raises_a_clear_error_naming_the_argument(call, error, words):
-    with pytest.raises(error, match=words):
-        call()
+LORA_LINEAR_REFUSALS = [
+    ("base", built(lambda: nn.Conv1d(8, 4, 1)), TypeError, "base must be a torch.nn.Linear, got Conv1d"),
+    ("base", built(lambda: LoRALinear(lin())), TypeError, "base must be a torch.nn.Linear, got LoRALinear"),
+    ("r", 0, ValueError, "r must be >= 1, got 0"),
+    ("r", True, TypeError, "r must be an int, got bool"),
+    ("alpha", 0.0, ValueError, "alpha must be a finite number > 0 (the update is scaled by alpha / r), got 0.0"),
+    (
+        "alpha",
+        float("nan"),
+        ValueError,
+        "alpha must be a finite number > 0 (the update is scaled by alpha / r), got nan",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(LORA_LINEAR_REFUSALS))
+def test_lora_linear_refusals(argument, bad, error, message):
+    assert_refuses(LoRALinear, dict(base=lin(), r=8, alpha=16.0), argument, bad, error, message)
+
+
+LORA_FORWARD_REFUSALS = [
+    ("x", torch.ones(3, 5), ValueError, "x must have shape (..., in_features) = (..., 8), got (3, 5)"),
+    (
+        "x",
+        torch.ones(3, 8, dtype=torch.int64),
+        TypeError,
+        "x must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+    (
+        "x",
+        torch.ones(3, 8, dtype=torch.float64),
+        ValueError,
+        "x must match the layer's dtype torch.float32 and device cpu, got torch.float64 on cpu",
+    ),
+    ("x", torch.tensor(1.0), ValueError, "x must have shape (..., in_features) = (..., 8), got ()"),
+    ("x", [[1.0] * 8], TypeError, "x must be a torch.Tensor, got list"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(LORA_FORWARD_REFUSALS))
+def test_lora_forward_refusals(argument, bad, error, message):
+    assert_refuses(LoRALinear(lin()), dict(x=torch.ones(3, 8)), argument, bad, error, message)
+
+
+MERGE_LORA_REFUSALS = [
+    (
+        "model",
+        built(lambda: LoRALinear(lin())),
+        ValueError,
+        "model is itself a LoRALinear and cannot be replaced in place; use model.merged()",
+    ),
+    ("model", "model", TypeError, "model must be a torch.nn.Module, got str"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(MERGE_LORA_REFUSALS))
+def test_merge_lora_refusals(argument, bad, error, message):
+    assert_refuses(merge_lora, dict(model=_with_lora()), argument, bad, error, message)
+
+
+def test_count_parameters_refuses_a_trainable_only_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="trainable_only must be a bool"):
+        count_parameters(lin(), trainable_only=1)
 
 
 def test_count_parameters_counts_all_or_only_trainable_and_shared_tensors_once():

@@ -8,6 +8,7 @@ import pytest
 import tiny_models
 import torch
 import torch.nn.functional as F
+from refusals import assert_refuses, rows
 from scan_builders import one_thread  # noqa: F401  (an autouse fixture: one thread for tiny tensors)
 
 from lib.decode import generate
@@ -336,21 +337,70 @@ def test_a_float64_model_keeps_every_parameter_in_float64_and_a_half_default_kee
     assert ssm.A_log.dtype == torch.float32 and ssm.D.dtype == torch.bfloat16
 
 
-def test_the_model_refuses_bad_inputs():
-    with pytest.raises(ValueError, match="scan must be one of"):
-        MambaConfig.tiny(scan="fast")
-    with pytest.raises(TypeError, match="dt_rank must be an int"):
-        MambaConfig.tiny(dt_rank="big")
+def test_the_model_refuses_a_gap_and_state_bytes_a_gpt_config():
     model = tiny_model()  # the model's door (ids, caches, padding): tests/lib/test_decoder_door.py
     one = torch.zeros(2, 1, dtype=torch.long)
     with pytest.raises(ValueError, match=r"start must equal the positions already read \(0\)"):
         model(one, caches=model.new_caches(2), start=4)
-    with pytest.raises(ValueError, match="the cache was built for batch size 3, x has batch size 2"):
-        model.layers[0].mixer(torch.zeros(2, 1, 32), cache=model.new_caches(3)[0])
-    with pytest.raises(ValueError, match="no padding mask"):
-        model.layers[0].mixer(torch.zeros(1, 3, 32), mask=torch.zeros(1, 1, 1, 3))
-    with pytest.raises(ValueError, match="not a KV cache: cache must be a lib.mamba.MixerCache"):
-        model.layers[0].mixer(torch.zeros(1, 3, 32), cache=object())
     with pytest.raises(TypeError, match="model_or_config must be a MambaLM or a MambaConfig"):
         state_bytes(GPTConfig.tiny(), 1)
     assert all(isinstance(c, MixerCache) for c in model.new_caches(1))
+
+
+CONFIG_REFUSALS = [
+    (
+        "scan",
+        "fast",
+        ValueError,
+        "scan must be one of ('auto', 'chunked', 'cpu', 'ref', 'parallel', 'triton'), got 'fast'",
+    ),
+    ("dt_rank", "big", TypeError, "dt_rank must be an int, got str"),
+    ("norm", "batch", ValueError, "norm must be one of ('rms', 'layer'), got 'batch'"),
+    ("chunk_size", 0, ValueError, "chunk_size must be >= 1, got 0"),
+    ("d_model", 0, ValueError, "d_model must be >= 1, got 0"),
+    ("dt_min, dt_max", (0.2, 0.1), ValueError, "need 0 < dt_min <= dt_max, got dt_min=0.2, dt_max=0.1"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(CONFIG_REFUSALS))
+def test_config_refusals(argument, bad, error, message):
+    assert_refuses(MambaConfig, dict(vocab_size=64, d_model=32, n_layers=2), argument, bad, error, message)
+
+
+MIXER_REFUSALS = [
+    ("cache", MixerCache(3, 64, 4, 16), ValueError, "the cache was built for batch size 3, x has batch size 2"),
+    (
+        "mask",
+        torch.zeros(1, 1, 1, 1),
+        ValueError,
+        (
+            "a Mamba mixer takes no padding mask (mask must be None): a padding token would enter its "
+            "state; run unpadded sequences"
+        ),
+    ),
+    (
+        "cache",
+        object(),
+        ValueError,
+        (
+            "a Mamba mixer carries a recurrent state, not a KV cache: cache must be a "
+            "lib.mamba.MixerCache or None, got object"
+        ),
+    ),
+    (
+        "start",
+        4,
+        ValueError,
+        "start must equal the positions already read (0): a recurrent state cannot skip or rewind positions, got 4",
+    ),
+    ("start", -1, ValueError, "start must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(MIXER_REFUSALS))
+def test_mixer_refusals(argument, bad, error, message):
+    torch.manual_seed(0)
+    mixer = MambaMixer(MambaConfig(vocab_size=64, d_model=32, n_layers=2))  # d_inner 64, d_conv 4, d_state 16
+    cache = mixer.new_cache(2, dtype=torch.float32, device="cpu")
+    assert_refuses(mixer, dict(x=torch.zeros(2, 1, 32), cache=cache, start=0), argument, bad, error, message)
+    assert cache.length == 0  # a refused step leaves the state where it was

@@ -5,6 +5,7 @@ and refuses bad input clearly."""
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 
 import lib.kernels.cpu_layers as cpu_layers
 import lib.kernels.scan_cpu as scan_cpu
@@ -71,21 +72,52 @@ def test_without_the_loop_the_reference_runs(monkeypatch):
     assert torch.equal(rms_norm(x.half(), w.half()), rms_norm_ref(x.half(), w.half()))  # half: never the loop
 
 
-def test_bad_input_is_refused_clearly():
-    x, w = torch.randn(4, 8), torch.randn(8)
-    with pytest.raises(ValueError, match=r"weight must have shape \(C,\) with C = x.shape\[-1\], got weight \(7,\)"):
-        rms_norm(x, w[:7])
-    with pytest.raises(ValueError, match="weight must have shape"):
-        rms_norm(x, torch.randn(2, 8))
-    with pytest.raises(TypeError, match="x must have a floating dtype"):
-        rms_norm(x.long(), w)
-    with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
-        rms_norm_ref(x, [1.0] * 8)
-    for eps in (0.0, -1e-5, float("nan")):
-        with pytest.raises(ValueError, match="eps must be a finite number > 0"):
-            rms_norm(x, w, eps)
-    for eps in ("small", True):  # not a number at all (a bool is refused too)
-        with pytest.raises(TypeError, match="eps must be a real number"):
-            rms_norm(x, w, eps)
-    with pytest.raises(ValueError, match="x and weight must share one device, got x: cpu, weight: meta"):
-        rms_norm(x, torch.empty(8, device="meta"))
+_X, _W = torch.ones(4, 8), torch.ones(8)
+RMS_NORM_REFUSALS = [
+    ("weight", _W[:7], ValueError, "weight must have shape (C,) with C = x.shape[-1], got weight (7,) and x (4, 8)"),
+    (
+        "weight",
+        torch.ones(2, 8),
+        ValueError,
+        "weight must have shape (C,) with C = x.shape[-1], got weight (2, 8) and x (4, 8)",
+    ),
+    (
+        "x",
+        _X.long(),
+        TypeError,
+        "x must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+    ("weight", [1.0] * 8, TypeError, "weight must be a torch.Tensor, got list"),
+    ("eps", 0.0, ValueError, "eps must be a finite number > 0 (it keeps the root mean square away from 0), got 0.0"),
+    (
+        "eps",
+        -1e-5,
+        ValueError,
+        "eps must be a finite number > 0 (it keeps the root mean square away from 0), got -1e-05",
+    ),
+    (
+        "eps",
+        float("nan"),
+        ValueError,
+        "eps must be a finite number > 0 (it keeps the root mean square away from 0), got nan",
+    ),
+    ("eps", "small", TypeError, "eps must be a real number (it keeps the root mean square away from 0), got str"),
+    (  # a bool is not a number here
+        "eps",
+        True,
+        TypeError,
+        "eps must be a real number (it keeps the root mean square away from 0), got bool",
+    ),
+    (
+        "weight",
+        torch.empty(8, device="meta"),
+        ValueError,
+        "x and weight must share one device, got x: cpu, weight: meta",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(RMS_NORM_REFUSALS))
+@pytest.mark.parametrize("fn", [rms_norm, rms_norm_ref])
+def test_rms_norm_refusals(argument, bad, error, message, fn):
+    assert_refuses(fn, dict(x=_X, weight=_W, eps=1e-5), argument, bad, error, message)

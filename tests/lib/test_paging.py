@@ -27,28 +27,55 @@ def test_allocator_hands_out_lowest_free_block_and_never_twice():
     assert issubclass(OutOfBlocks, RuntimeError)
 
 
-def test_allocator_refuses_double_free_and_foreign_ids():
+def test_free_many_returns_every_block_to_the_pool():
     alloc = BlockAllocator(3)
-    b = alloc.allocate()
-    alloc.free(b)
-    with pytest.raises(ValueError, match="double free"):
-        alloc.free(b)
-    with pytest.raises(ValueError, match="num_blocks=3"):
-        alloc.free(3)
-    with pytest.raises(ValueError, match="block_id"):
-        alloc.free(-1)
     taken = [alloc.allocate() for _ in range(3)]
-    with pytest.raises(ValueError, match=r"blocks \[1\] are not allocated or are listed twice"):
-        alloc.free_many([0, 1, 1])
-    with pytest.raises(ValueError, match="double free"):
-        alloc.free_many([2, 7])
-    assert alloc.num_free == 0  # a refused free_many frees nothing
     alloc.free_many(taken)
     assert alloc.num_free == 3 and [alloc.allocate() for _ in range(3)] == [0, 1, 2]
-    with pytest.raises(TypeError, match="num_blocks"):
-        BlockAllocator(2.0)
-    with pytest.raises(ValueError, match="num_blocks"):
-        BlockAllocator(0)
+
+
+BLOCK_ALLOCATOR_REFUSALS = [
+    ("num_blocks", 2.0, TypeError, "num_blocks must be an int, got float"),
+    ("num_blocks", 0, ValueError, "num_blocks must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(BLOCK_ALLOCATOR_REFUSALS))
+def test_block_allocator_refusals(argument, bad, error, message):
+    assert_refuses(BlockAllocator, dict(num_blocks=3), argument, bad, error, message)
+
+
+FREE_REFUSALS = [  # blocks 0 and 1 of 3 were allocated, then 0 freed
+    ("block_id", 0, ValueError, "block 0 is not allocated (double free?)"),
+    ("block_id", 3, ValueError, "block_id must be < num_blocks=3, got 3"),
+    ("block_id", -1, ValueError, "block_id must be >= 0, got -1"),
+    ("block_id", 1.0, TypeError, "block_id must be an int, got float"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FREE_REFUSALS))
+def test_allocator_free_refusals(argument, bad, error, message):
+    alloc = BlockAllocator(3)
+    for _ in range(2):
+        alloc.allocate()
+    alloc.free(0)
+    assert_refuses(alloc.free, dict(block_id=1), argument, bad, error, message)
+    assert alloc.num_free == 2  # a refused free frees nothing
+
+
+FREE_MANY_REFUSALS = [  # all 3 blocks allocated
+    ("block_ids", [0, 1, 1], ValueError, "blocks [1] are not allocated or are listed twice (double free?)"),
+    ("block_ids", [2, 7], ValueError, "blocks [7] are not allocated or are listed twice (double free?)"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FREE_MANY_REFUSALS))
+def test_allocator_free_many_refusals(argument, bad, error, message):
+    alloc = BlockAllocator(3)
+    for _ in range(3):
+        alloc.allocate()
+    assert_refuses(alloc.free_many, dict(block_ids=[0, 1, 2]), argument, bad, error, message)
+    assert alloc.num_free == 0  # a refused free_many frees nothing (all or none)
 
 
 # --------------------------------------------------------------------------- cache
@@ -99,8 +126,7 @@ def test_freed_blocks_are_reused_and_other_sequences_are_untouched():
     assert torch.equal(cache.gather(7)[0], new_k) and torch.equal(cache.gather(7)[1], new_v)
     for i in (0, 2):
         assert torch.equal(cache.gather(i)[0], ks[i]) and torch.equal(cache.gather(i)[1], vs[i])
-    with pytest.raises(ValueError, match="seq_id 1 is not in the cache"):
-        cache.gather(1)
+    assert 1 not in cache.tables  # a freed sequence is forgotten: gather(1) is refused (SEQ_ID_REFUSALS)
 
 
 def test_an_append_that_does_not_fit_changes_nothing():
@@ -113,25 +139,94 @@ def test_an_append_that_does_not_fit_changes_nothing():
     assert torch.equal(cache.gather(0)[0], k)
 
 
-@pytest.mark.parametrize(
-    "k_shape, error, match",
-    [
-        ((H_KV, 3), ValueError, r"\(H_kv, T, D\)"),
-        ((H_KV + 1, 3, D), ValueError, r"\(H_kv, T, D\)"),
-        ((H_KV, 0, D), ValueError, "T>=1"),
-        ((H_KV, 3, D + 1), ValueError, r"\(H_kv, T, D\)"),
-    ],
-)
-def test_cache_refuses_bad_appends(k_shape, error, match):
+PAGED_KV_CACHE_REFUSALS = [
+    ("num_blocks", 0, ValueError, "num_blocks must be >= 1, got 0"),
+    ("block_size", 1.5, TypeError, "block_size must be an int, got float"),
+    ("n_kv_heads", -1, ValueError, "n_kv_heads must be >= 1, got -1"),
+    ("head_dim", "8", TypeError, "head_dim must be an int, got str"),
+    ("dtype", torch.long, TypeError, "dtype must be a floating torch.dtype, got torch.int64"),
+    ("dtype", "fp16", TypeError, "dtype must be a floating torch.dtype, got fp16"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(PAGED_KV_CACHE_REFUSALS))
+def test_paged_kv_cache_refusals(argument, bad, error, message):
+    good = dict(num_blocks=4, block_size=B_SIZE, n_kv_heads=H_KV, head_dim=D, dtype=torch.float32)
+    assert_refuses(PagedKVCache, good, argument, bad, error, message)
+
+
+def _kv(*shape, **kw):
+    return torch.zeros(shape, **kw), torch.zeros(shape, **kw)
+
+
+_APPEND_SHAPE = f"k must have shape (H_kv, T, D) = ({H_KV}, T>=1, {D}), got"
+APPEND_REFUSALS = [  # into an empty pool of 4 blocks of 4 tokens, H_kv = 2, D = 8
+    ("k, v", _kv(H_KV, 3), ValueError, "k must have shape (H_kv, T, D) (3 dims), got (2, 3)"),
+    ("k, v", _kv(H_KV + 1, 3, D), ValueError, f"{_APPEND_SHAPE} (3, 3, 8)"),
+    ("k, v", _kv(H_KV, 0, D), ValueError, f"{_APPEND_SHAPE} (2, 0, 8)"),
+    ("k, v", _kv(H_KV, 3, D + 1), ValueError, f"{_APPEND_SHAPE} (2, 3, 9)"),
+    (
+        "k",
+        torch.zeros(H_KV, 2, D, dtype=torch.long),
+        TypeError,
+        "k must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+    ("v", [1.0], TypeError, "v must be a torch.Tensor, got list"),
+    ("v", torch.zeros(H_KV, 3, D), ValueError, "k and v must hold the same number of tokens, got 2 and 3"),
+    (
+        "k, v",
+        _kv(H_KV, 2, D, device="meta"),
+        ValueError,
+        "k, v, k_blocks must share one device, got k: meta, v: meta, k_blocks: cpu",
+    ),
+    ("k, v", _kv(H_KV, 17, D), OutOfBlocks, "seq_id 0 needs 5 more blocks, only 4 are free"),
+    ("seq_id", "a", TypeError, "seq_id must be an int, got str"),
+    ("seq_id", -1, ValueError, "seq_id must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(APPEND_REFUSALS))
+def test_append_refusals(argument, bad, error, message):
     cache = PagedKVCache(4, B_SIZE, H_KV, D)
-    with pytest.raises(error, match=match):
-        cache.append(0, torch.zeros(k_shape), torch.zeros(k_shape))
-    with pytest.raises(TypeError, match="floating"):
-        cache.append(0, torch.zeros(H_KV, 2, D, dtype=torch.long), torch.zeros(H_KV, 2, D))
-    with pytest.raises(TypeError, match="seq_id"):
-        cache.append("a", torch.zeros(H_KV, 2, D), torch.zeros(H_KV, 2, D))
-    with pytest.raises(TypeError, match="seq_ids"):
-        cache.block_table([])
+    k, v = _kv(H_KV, 2, D)
+    assert_refuses(cache.append, dict(seq_id=0, k=k, v=v), argument, bad, error, message)
+    assert cache.tables == {} and cache.allocator.num_free == 4  # a refused append writes nothing
+
+
+def freed_cache():
+    """Sequences 0, 1, 2 written, then 1 freed."""
+    cache, _, _ = interleaved_cache([5, 9, 6])
+    cache.free(1)
+    return cache
+
+
+SEQ_IDS_REFUSALS = [  # sequences 0 and 2 held, 1 freed
+    ("seq_ids", [], TypeError, "seq_ids must be a non-empty list of sequence ids, got []"),
+    ("seq_ids", 0, TypeError, "seq_ids must be a non-empty list of sequence ids, got 0"),
+    ("seq_ids", [1], ValueError, "seq_id 1 is not in the cache (known: [0, 2])"),
+    ("seq_ids", [0, "a"], TypeError, "seq_id must be an int, got str"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(SEQ_IDS_REFUSALS))
+@pytest.mark.parametrize("method", ["block_table", "seq_lens"])
+def test_block_table_and_seq_lens_refusals(method, argument, bad, error, message):
+    assert_refuses(getattr(freed_cache(), method), dict(seq_ids=[0, 2]), argument, bad, error, message)
+
+
+SEQ_ID_REFUSALS = [  # sequences 0 and 2 held, 1 freed
+    ("seq_id", 1, ValueError, "seq_id 1 is not in the cache (known: [0, 2])"),
+    ("seq_id", -1, ValueError, "seq_id must be >= 0, got -1"),
+    ("seq_id", "a", TypeError, "seq_id must be an int, got str"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(SEQ_ID_REFUSALS))
+@pytest.mark.parametrize("method", ["gather", "free"])
+def test_gather_and_free_refusals(method, argument, bad, error, message):
+    cache = freed_cache()
+    assert_refuses(getattr(cache, method), dict(seq_id=0), argument, bad, error, message)
+    assert sorted(cache.tables) == [0, 2]  # a refused free forgets nothing
 
 
 # --------------------------------------------------------------------------- paged attention
@@ -322,9 +417,22 @@ def test_block_tables_and_lengths_may_be_int32():
     assert torch.equal(paged_attention(**args), want)
 
 
-def test_reference_refuses_mismatched_lists():
-    q = rand(2, H, 1, D)
-    with pytest.raises(TypeError, match="ks must be a list of B=2"):
-        paged_attention_ref(q, [rand(H_KV, 3, D)], [rand(H_KV, 3, D)] * 2)
-    with pytest.raises(ValueError, match=r"ks\[1\]"):
-        paged_attention_ref(q, [rand(H_KV, 3, D), rand(3, D)], [rand(H_KV, 3, D)] * 2)
+_Q, _KV3 = rand(2, H, 1, D), rand(H_KV, 3, D)
+PAGED_ATTENTION_REF_REFUSALS = [  # q (2, 4, 1, 8); ks, vs: two (2, 3, 8) each
+    ("ks", [_KV3], TypeError, "ks must be a list of B=2 tensors (H_kv, S_b, D), got list of length 1"),
+    ("ks", [_KV3, _KV3[0]], ValueError, "ks[1] must have shape (H_kv, S_b, D) (3 dims), got (3, 8)"),
+    ("vs", _KV3, TypeError, "vs must be a list of B=2 tensors (H_kv, S_b, D), got Tensor"),
+    ("vs", [_KV3, None], TypeError, "vs[1] must be a torch.Tensor, got NoneType"),
+    ("q", _Q[0], ValueError, "q must have shape (B, H, T, D) (4 dims), got (4, 1, 8)"),
+    (
+        "q",
+        _Q.long(),
+        TypeError,
+        "q must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(PAGED_ATTENTION_REF_REFUSALS))
+def test_paged_attention_ref_refusals(argument, bad, error, message):
+    assert_refuses(paged_attention_ref, dict(q=_Q, ks=[_KV3] * 2, vs=[_KV3] * 2), argument, bad, error, message)

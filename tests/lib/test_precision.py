@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from refusals import assert_refuses, rows
 
 from lib.course.precision import below, mean_spread, significant
 
@@ -26,20 +27,31 @@ def test_below_is_the_same_string_for_errors_that_differ_in_their_last_digits():
     assert below(2.4e-6, 1e-5) == below(2.9e-6, 1e-5)
 
 
-@pytest.mark.parametrize("value", [1e-5, 4e-6, 1.0])
-def test_below_refuses_a_value_not_comfortably_inside_its_bound(value):
-    with pytest.raises(ValueError, match="not below 1e-5"):
-        below(value, 1e-5)
+_NOT_BELOW = (
+    "below(): {} is not below 1e-5 with a margin of 3x (it must be at most 3.33e-06); a "
+    "bound this close could read differently on another CPU: loosen it, or find why the error "
+    "is this large"
+)
+BELOW_REFUSALS = [
+    # not comfortably inside the bound (a margin of 3x by default)
+    ("value", 1e-5, ValueError, _NOT_BELOW.format("1.00e-05")),
+    ("value", 4e-6, ValueError, _NOT_BELOW.format("4.00e-06")),
+    ("value", 1.0, ValueError, _NOT_BELOW.format("1.00e+00")),
+    ("value", -1e-7, ValueError, "below(): value is an error or a gap and must be >= 0, got -1e-07"),
+    ("value", float("nan"), TypeError, "below(): value must be a real number, got nan"),
+    ("value, bound", (0.0, 0.0), ValueError, "below(): bound must be > 0 and margin >= 1, got bound=0.0, margin=3.0"),
+    ("margin", 0.5, ValueError, "below(): bound must be > 0 and margin >= 1, got bound=1e-05, margin=0.5"),
+    ("margin", True, TypeError, "below(): margin must be a real number, got True"),
+]
 
 
-def test_below_margin_and_bad_input():
+@pytest.mark.parametrize("argument, bad, error, message", rows(BELOW_REFUSALS))
+def test_below_refusals(argument, bad, error, message):
+    assert_refuses(below, dict(value=1e-6, bound=1e-5), argument, bad, error, message)
+
+
+def test_below_takes_a_smaller_margin():
     assert below(9e-6, 1e-5, margin=1) == "below 1e-5"
-    with pytest.raises(ValueError, match="must be >= 0"):
-        below(-1e-7, 1e-5)
-    with pytest.raises(TypeError, match="value must be a real number"):
-        below(float("nan"), 1e-5)
-    with pytest.raises(ValueError, match="bound must be > 0"):
-        below(0.0, 0.0)
 
 
 @pytest.mark.parametrize(

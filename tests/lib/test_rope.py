@@ -5,6 +5,7 @@ input, the half-width table above all, gets a clear error."""
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 
 from lib.rope import apply_rope, apply_rope_ref, rope_cos_sin, rope_frequencies, rotate_half, rotate_interleaved
 
@@ -129,41 +130,112 @@ def test_rotate_half_turns_each_pair_a_quarter():
     assert torch.equal(rotate_half(rotate_half(y)), -y)  # two quarter turns make a half turn
 
 
-def test_half_width_table_raises_and_explains_the_duplication():
-    x = rand(1, 2, 6, 8, seed=6)
-    angles = torch.outer(torch.arange(6.0), rope_frequencies(8))  # (T, D/2), the table before the cat
-    with pytest.raises(ValueError, match=r"cos has shape \(6, 4\) = \(T, D/2\): that is the half-width angle table"):
-        apply_rope(x, angles.cos(), angles.sin())
-    with pytest.raises(ValueError, match="half-width.*rope_cos_sin does this"):
-        apply_rope(x, rope_cos_sin(6, 8)[0], angles.sin())
-
-
 x0 = rand(2, 3, 6, 8, seed=7)
 cos0, sin0 = rope_cos_sin(6, 8)
+_ANGLES = torch.outer(torch.arange(6.0), rope_frequencies(8))  # (T, D/2), the table before the cat
+_HALF_WIDTH = (  # the whole message for a (T, D/2) table named {0}
+    "{0} has shape (6, 4) = (T, D/2): that is the half-width angle table, one angle per "
+    "channel pair. Both channels of a pair need it, so it must be widened to (T, D) = (6, 8): "
+    "torch.cat([{0}, {0}], dim=-1) for the rotate-half pairs (i, i + D/2), or "
+    "{0}.repeat_interleave(2, dim=-1) for the interleaved pairs (2i, 2i + 1), each with its "
+    "own rotation; rope_cos_sin does this (layout='half' or 'interleaved')"
+)
+APPLY_ROPE_REFUSALS = [
+    # the half-width table, the (T, D/2) angles before the cat, in both or in one of the tables
+    ("cos, sin", (_ANGLES.cos(), _ANGLES.sin()), ValueError, _HALF_WIDTH.format("cos")),
+    ("sin", _ANGLES.sin(), ValueError, _HALF_WIDTH.format("sin")),
+    (
+        "x",
+        x0.long(),
+        TypeError,
+        "x must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+    ("x", x0[0], ValueError, "x must have shape (B, H, T, D) (4 dims), got (3, 6, 8)"),
+    (
+        "x, cos, sin",
+        (x0[..., :7], cos0[:, :7], sin0[:, :7]),
+        ValueError,
+        "x must have an even head dim D (channels are rotated in pairs), got x (2, 3, 6, 7)",
+    ),
+    ("cos", cos0[:5], ValueError, "cos must have shape (T, D) = (6, 8) to match x (B, H, T, D), got (5, 8)"),
+    ("sin", sin0[None], ValueError, "sin must have shape (T, D) = (6, 8) to match x (B, H, T, D), got (1, 6, 8)"),
+    (
+        "cos",
+        cos0.long(),
+        TypeError,
+        "cos must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+    ("cos", cos0.to("meta"), ValueError, "x, cos must share one device, got x: cpu, cos: meta"),
+    ("x", x0.tolist(), TypeError, "x must be a torch.Tensor, got list"),
+    (
+        "layout",
+        "pairs",
+        ValueError,
+        "layout must be one of ('half', 'interleaved') (which channels form a pair), got 'pairs'",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(APPLY_ROPE_REFUSALS))
+def test_apply_rope_refusals(argument, bad, error, message):
+    assert_refuses(apply_rope, dict(x=x0, cos=cos0, sin=sin0, layout="half"), argument, bad, error, message)
+
+
+ROPE_COS_SIN_REFUSALS = [
+    ("D", 7, ValueError, "D must be even (channels are rotated in pairs), got 7"),
+    ("T", 0, ValueError, "T must be >= 1, got 0"),
+    ("D", 8.0, TypeError, "D must be an int, got float"),
+    ("offset", -1, ValueError, "offset must be >= 0, got -1"),
+    ("base", 0.5, ValueError, "base must be a finite number > 1 (10000.0 in the paper and Llama), got 0.5"),
+    ("dtype", torch.int64, TypeError, "dtype must be a floating torch.dtype, got torch.int64"),
+    (
+        "layout",
+        "complex",
+        ValueError,
+        "layout must be one of ('half', 'interleaved') (which channels form a pair), got 'complex'",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(ROPE_COS_SIN_REFUSALS))
+def test_rope_cos_sin_refusals(argument, bad, error, message):
+    assert_refuses(rope_cos_sin, dict(T=6, D=8), argument, bad, error, message)
+
+
+APPLY_ROPE_REF_REFUSALS = [
+    (
+        "positions",
+        torch.arange(5),
+        ValueError,
+        "positions must have shape (T,) = (6,) to match x (B, H, T, D), got (5,)",
+    ),
+    ("positions", torch.arange(6.0), TypeError, "positions must be an integer tensor, got torch.float32"),
+    (
+        "x",
+        x0[..., :7],
+        ValueError,
+        "x must have an even head dim D (channels are rotated in pairs), got x (2, 3, 6, 7)",
+    ),
+    (
+        "layout",
+        None,
+        ValueError,
+        "layout must be one of ('half', 'interleaved') (which channels form a pair), got None",
+    ),
+    ("base", 0.5, ValueError, "base must be a finite number > 1 (10000.0 in the paper and Llama), got 0.5"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(APPLY_ROPE_REF_REFUSALS))
+def test_apply_rope_ref_refusals(argument, bad, error, message):
+    assert_refuses(apply_rope_ref, dict(x=x0, positions=torch.arange(6)), argument, bad, error, message)
 
 
 @pytest.mark.parametrize(
     "call, error, words",
     [
-        (lambda: apply_rope(x0.long(), cos0, sin0), TypeError, "x must have a floating dtype"),
-        (lambda: apply_rope(x0[0], cos0, sin0), ValueError, r"x must have shape \(B, H, T, D\)"),
-        (lambda: apply_rope(x0[..., :7], cos0[:, :7], sin0[:, :7]), ValueError, "x must have an even head dim D"),
-        (lambda: apply_rope(x0, cos0[:5], sin0), ValueError, r"cos must have shape \(T, D\) = \(6, 8\)"),
-        (lambda: apply_rope(x0, cos0, sin0[None]), ValueError, r"sin must have shape \(T, D\)"),
-        (lambda: apply_rope(x0, cos0.long(), sin0), TypeError, "cos must have a floating dtype"),
-        (lambda: apply_rope(x0, cos0.to("meta"), sin0), ValueError, "share one device"),
-        (lambda: apply_rope(x0.tolist(), cos0, sin0), TypeError, "x must be a torch.Tensor"),
-        (lambda: rope_cos_sin(6, 7), ValueError, "D must be even"),
-        (lambda: rope_cos_sin(0, 8), ValueError, "T must be >= 1"),
-        (lambda: rope_cos_sin(6, 8.0), TypeError, "D must be an int"),
-        (lambda: rope_cos_sin(6, 8, offset=-1), ValueError, "offset must be >= 0"),
-        (lambda: rope_cos_sin(6, 8, base=0.5), ValueError, "base must be a finite number > 1"),
-        (lambda: rope_cos_sin(6, 8, dtype=torch.int64), TypeError, "dtype must be a floating"),
         (lambda: rope_frequencies(-4), ValueError, "D must be >= 1"),
         (lambda: rotate_half(torch.ones(3, 5)), ValueError, r"x must have shape \(..., D\) with D even"),
-        (lambda: apply_rope_ref(x0, torch.arange(5)), ValueError, r"positions must have shape \(T,\) = \(6,\)"),
-        (lambda: apply_rope_ref(x0, torch.arange(6.0)), TypeError, "positions must be an integer tensor"),
-        (lambda: apply_rope_ref(x0[..., :7], torch.arange(6)), ValueError, "even head dim"),
     ],
 )
 def test_bad_input_raises_a_clear_error_naming_the_argument(call, error, words):
@@ -249,12 +321,3 @@ def test_the_two_layouts_are_one_rotation_up_to_a_permutation_of_channels_and_mi
     tol = score_tol(q, k)
     assert drift("half", "half") <= tol and drift("interleaved", "interleaved") <= tol
     assert drift("interleaved", "half") > 1000 * tol and drift("half", "interleaved") > 1000 * tol
-
-
-def test_an_unknown_layout_is_refused():
-    with pytest.raises(ValueError, match=r"layout must be one of \('half', 'interleaved'\)"):
-        rope_cos_sin(4, 8, layout="complex")
-    with pytest.raises(ValueError, match="layout must be one of"):
-        apply_rope(rand(1, 1, 4, 8, seed=0), *rope_cos_sin(4, 8), layout="pairs")
-    with pytest.raises(ValueError, match="layout must be one of"):
-        apply_rope_ref(rand(1, 1, 4, 8, seed=0), torch.arange(4), layout=None)

@@ -4,6 +4,7 @@ model whose forward returns logits."""
 import pytest
 import torch
 import torch.nn as nn
+from refusals import assert_refuses, rows
 
 from lib.tasks import (
     BLANK,
@@ -92,10 +93,26 @@ def test_train_on_task_hands_its_betas_to_adamw(monkeypatch):
     forced = trained()
     assert all(torch.equal(a, b) for a, b in zip(given, forced))
     assert not all(torch.equal(a, b) for a, b in zip(given, default))
-    monkeypatch.setattr(torch.optim, "AdamW", real)
-    for bad in [(0.9,), (0.9, 1.0), (0.9, -0.1), "0.9, 0.95", (True, 0.9)]:
-        with pytest.raises(ValueError, match="betas must be two numbers"):
-            trained(betas=bad)
+
+
+_TASK = SelectiveCopying(n_data=2, n_blank=6, n_symbols=4)
+_BETAS = "betas must be two numbers in [0, 1) (AdamW's β₁, β₂), got"
+TRAIN_ON_TASK_REFUSALS = [
+    ("betas", (0.9,), ValueError, f"{_BETAS} (0.9,)"),
+    ("betas", (0.9, 1.0), ValueError, f"{_BETAS} (0.9, 1.0)"),
+    ("betas", (0.9, -0.1), ValueError, f"{_BETAS} (0.9, -0.1)"),
+    ("betas", "0.9, 0.95", ValueError, f"{_BETAS} '0.9, 0.95'"),
+    ("betas", (True, 0.9), ValueError, f"{_BETAS} (True, 0.9)"),
+    ("steps", 0, ValueError, "steps must be >= 1, got 0"),
+    ("batch_size", 2.0, TypeError, "batch_size must be an int, got float"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(TRAIN_ON_TASK_REFUSALS))
+def test_train_on_task_refusals(argument, bad, error, message):
+    torch.manual_seed(0)
+    good = dict(model=_Lookup(_TASK), task=_TASK, steps=5, batch_size=8, lr=1e-2)
+    assert_refuses(train_on_task, good, argument, bad, error, message)
 
 
 def test_associative_recall_answers_each_query_with_its_stored_value():
@@ -115,10 +132,25 @@ def test_associative_recall_answers_each_query_with_its_stored_value():
         assert tgt[2 * P + 1 :].tolist() == [store[q] for q in queries]
         assert (tgt[: 2 * P + 1] == IGNORE).all()
     assert "| k" in task.describe(idx[0])
-    with pytest.raises(ValueError, match="n_queries must be <= n_pairs"):
-        AssociativeRecall(n_pairs=2, n_queries=3)
-    with pytest.raises(ValueError, match="n_pairs must be <= n_keys"):
-        AssociativeRecall(n_pairs=9, n_keys=8)
+
+
+ASSOCIATIVE_RECALL_REFUSALS = [
+    (
+        "n_pairs, n_queries",
+        (2, 3),
+        ValueError,
+        "n_queries must be <= n_pairs (each query asks a different stored key), got n_queries=3, n_pairs=2",
+    ),
+    ("n_pairs, n_keys", (9, 8), ValueError, "n_pairs must be <= n_keys (keys are distinct), got n_pairs=9, n_keys=8"),
+    ("n_values", 0, ValueError, "n_values must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(ASSOCIATIVE_RECALL_REFUSALS))
+def test_associative_recall_refusals(argument, bad, error, message):
+    from lib.tasks import AssociativeRecall
+
+    assert_refuses(AssociativeRecall, dict(), argument, bad, error, message)
 
 
 def test_reversal_batch_holds_each_source_backwards():

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from refusals import assert_refuses, built, rows
 
 from lib.gpt import GPT, GPTConfig
 from lib.train import clm_loss, get_batch, train, train_lm, warmup_cosine, warmup_linear
@@ -86,20 +87,35 @@ def test_only_parameters_that_require_grad_move():
     assert torch.equal(frozen, before)
 
 
-def test_bad_input_is_refused_clearly():
+def _frozen_model():
     model = _model()
-    batch = lambda step: get_batch(DATA, 4, 16, torch.Generator())  # noqa: E731
-    loss = lambda m, xy: m(*xy)[1]  # noqa: E731
-    with pytest.raises(ValueError, match="steps must be >= 1"):
-        train(model, batch, loss, steps=0, lr=1e-3)
-    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
-        train(model, batch, loss, steps=1, lr=-1.0)
+    model.requires_grad_(False)
+    return model
+
+
+TRAIN_REFUSALS = [
+    ("steps", 0, ValueError, "steps must be >= 1, got 0"),
+    ("lr", -1.0, ValueError, "lr must be a finite number > 0, got -1.0"),
+    ("model", built(_frozen_model), ValueError, "model has no parameter with requires_grad=True: nothing to train"),
+    ("steps", 2.0, TypeError, "steps must be an int, got float"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(TRAIN_REFUSALS))
+def test_train_refusals(argument, bad, error, message):
+    good = dict(
+        model=_model(),
+        next_batch=lambda step: get_batch(DATA, 4, 16, torch.Generator()),
+        loss_of=lambda m, xy: m(*xy)[1],
+        steps=1,
+        lr=1e-3,
+    )
+    assert_refuses(train, good, argument, bad, error, message)
+
+
+def test_warmup_cosine_refuses_no_warmup():
     with pytest.raises(ValueError, match="warmup must be >= 1"):
         warmup_cosine(10, 0)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    with pytest.raises(ValueError, match="nothing to train"):
-        train(model, batch, loss, steps=1, lr=1e-3)
 
 
 def test_shifted_loss_equals_forward_with_shifted_targets():
@@ -112,10 +128,27 @@ def test_shifted_loss_equals_forward_with_shifted_targets():
     torch.testing.assert_close(clm_loss(logits, idx), loss, atol=1e-6, rtol=1e-6)
     by_hand = torch.stack([F.cross_entropy(logits[b, t], idx[b, t + 1]) for b in range(3) for t in range(16)]).mean()
     torch.testing.assert_close(clm_loss(logits, idx), by_hand, atol=1e-6, rtol=1e-6)
-    with pytest.raises(ValueError, match="T >= 2"):
-        clm_loss(logits[:, :1], idx[:, :1])
 
 
-def test_clm_loss_refuses_ids_outside_the_vocabulary():
-    with pytest.raises(ValueError, match="idx must lie in"):
-        clm_loss(torch.randn(2, 5, 64), torch.full((2, 5), 70))
+CLM_LOSS_REFUSALS = [
+    (
+        "logits, idx",
+        (torch.zeros(3, 1, 64), torch.zeros(3, 1, dtype=torch.long)),
+        ValueError,
+        "idx needs T >= 2 tokens for a next-token loss, got T=1",
+    ),
+    ("idx", torch.full((2, 5), 70), ValueError, "idx must lie in [0, V=64) (or be -100 to skip a position), got 70"),
+    ("idx", torch.zeros(2, 4, dtype=torch.long), ValueError, "idx must have shape (B, T) = (2, 5), got (2, 4)"),
+    (
+        "logits",
+        torch.zeros(2, 5, 64, dtype=torch.long),
+        TypeError,
+        "logits must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(CLM_LOSS_REFUSALS))
+def test_clm_loss_refusals(argument, bad, error, message):
+    good = dict(logits=torch.zeros(2, 5, 64), idx=torch.zeros(2, 5, dtype=torch.long))
+    assert_refuses(clm_loss, good, argument, bad, error, message)
