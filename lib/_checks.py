@@ -152,24 +152,6 @@ def require_targets(name: str, t, shape: tuple, V: int, ignore_index: int = -100
         )
 
 
-def require_attention_mask(attention_mask, shape: tuple, device) -> torch.Tensor:
-    """A decoder's padding mask: (B, S) of 1 (token) / 0 (padding), or True/False, left-padded,
-    on `device`; returns it as bool. Its values are scanned only where `scan_values()` says."""
-    require_tensor("attention_mask", attention_mask)
-    if tuple(attention_mask.shape) != shape:
-        raise ValueError(
-            f"attention_mask must have shape (B, start + T) = {shape}, covering cached positions "
-            f"too, got {tuple(attention_mask.shape)}"
-        )
-    if attention_mask.device != device:
-        raise ValueError(f"attention_mask must be on idx's device {device}, got {attention_mask.device}")
-    if attention_mask.is_floating_point():
-        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor")
-    if scan_values():
-        require_left_padded("attention_mask", attention_mask)
-    return attention_mask.bool()
-
-
 def require_left_padded(name: str, mask: torch.Tensor) -> None:
     """A (B, S) padding mask's values: only 0 and 1, every row's zeros before its ones, the last real."""
     keep = mask.bool()

@@ -26,14 +26,14 @@ each new token alone.
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
 
-from lib._checks import caller_code, inputs_checked, require_attention_mask, require_int, require_token_ids
-from lib.sampling import check_sampling_knobs, sample_next_token
+from lib._checks import caller_code, inputs_checked
+from lib._door import door
+from lib.sampling import SAMPLING_KNOBS, sample_next_token
 
 __all__ = ["Decoder", "decode_state_bytes", "generate"]
 
@@ -50,7 +50,39 @@ class Decoder(Protocol):
     def cache_bytes(self, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int: ...
 
 
+def _require_decoder(name: str, model) -> None:
+    if not (isinstance(model, nn.Module) and isinstance(model, Decoder)):
+        raise TypeError(
+            f"{name} must be a decoder (an nn.Module with vocab_size, block_size, new_caches and "
+            "cache_bytes, whose forward takes caches and start): lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt, "
+            f"lib.mamba_lm.MambaLM or lib.hybrid.HybridGPT; got {type(model).__name__}"
+        )
+
+
+def _require_callback(name: str, fn) -> None:
+    if fn is not None and not callable(fn):
+        raise TypeError(f"{name} must be callable (step, tokens) -> None, got {type(fn).__name__}")
+
+
+# generate's door: the sampling knobs, a decoder, prompts that fit its vocabulary and its context.
+_GENERATE = SAMPLING_KNOBS.plus(
+    model=_require_decoder,
+    idx="ids (B, T) < model.vocab_size",
+    max_new_tokens="int >= 0",
+    use_cache="bool",
+    attention_mask="padding (B, T) | None",
+    on_token=_require_callback,
+    where={
+        "model.block_size is None or T + max_new_tokens <= model.block_size": "idx has T={T} tokens; with "
+        "max_new_tokens={max_new_tokens} that passes the context block_size={model.block_size}",
+        "generator is None or generator.device.type == idx.device.type": "generator must be on idx's device "
+        "({idx.device}), got a {generator.device} generator",
+    },
+)
+
+
 @torch.no_grad()
+@_GENERATE
 def generate(
     model: Decoder,
     idx: torch.Tensor,
@@ -75,8 +107,8 @@ def generate(
     `on_token(step, tokens)` is called as each new (B,) column of tokens is chosen (a progress
     bar, a timer).
     """
-    mask = _check_generate(model, idx, max_new_tokens, temperature, top_k, top_p, generator, attention_mask, on_token)
     B, T = idx.shape
+    mask = None if attention_mask is None else attention_mask.long()  # (B, T) of 1 = token, 0 = padding
     was_training = model.training
     model.eval()
     out = [idx]
@@ -103,41 +135,7 @@ def generate(
     return torch.cat(out, dim=1)
 
 
-def _check_generate(
-    model, idx, max_new_tokens, temperature, top_k, top_p, generator, attention_mask, on_token
-) -> torch.Tensor | None:
-    """generate's arguments, checked once at its door; returns the attention mask as 0/1 int64 (or None)."""
-    _require_decoder(model)
-    require_int("max_new_tokens", max_new_tokens, minimum=0)
-    check_sampling_knobs(temperature, top_k, top_p)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    limit = sys.maxsize if model.block_size is None else model.block_size
-    require_token_ids("idx", idx, vocab_size=model.vocab_size, max_len=limit, context="block_size")
-    if generator is not None and generator.device.type != idx.device.type:
-        raise ValueError(f"generator must be on idx's device ({idx.device}), got a {generator.device} generator")
-    B, T = idx.shape
-    if T + max_new_tokens > limit:
-        raise ValueError(
-            f"idx has T={T} tokens; with max_new_tokens={max_new_tokens} that passes the context block_size={limit}"
-        )
-    if on_token is not None and not callable(on_token):
-        raise TypeError(f"on_token must be callable (step, tokens) -> None, got {type(on_token).__name__}")
-    if attention_mask is None:
-        return None
-    require_attention_mask(attention_mask, (B, T), idx.device)
-    return attention_mask.long()
-
-
-def _require_decoder(model) -> None:
-    if not (isinstance(model, nn.Module) and isinstance(model, Decoder)):
-        raise TypeError(
-            "model must be a decoder (an nn.Module with vocab_size, block_size, new_caches and "
-            "cache_bytes, whose forward takes caches and start): lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt, "
-            f"lib.mamba_lm.MambaLM or lib.hybrid.HybridGPT; got {type(model).__name__}"
-        )
-
-
+@door(model=_require_decoder, batch="int >= 1", seq_len="int >= 1")
 def decode_state_bytes(model: Decoder, batch: int, seq_len: int, dtype: torch.dtype | str | None = None) -> int:
     """Bytes a decoder carries between tokens after reading seq_len tokens, for batch sequences:
 
@@ -151,7 +149,4 @@ def decode_state_bytes(model: Decoder, batch: int, seq_len: int, dtype: torch.dt
     the model's parameter dtype, what they allocate. seq_len may pass the model's block_size:
     the answer is then what the same layers would carry with a longer context.
     """
-    _require_decoder(model)
-    require_int("batch", batch, minimum=1)
-    require_int("seq_len", seq_len, minimum=1)
     return model.cache_bytes(batch, seq_len, dtype)

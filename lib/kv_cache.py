@@ -66,6 +66,7 @@ __all__ = [
 class KVCache(nn.Module):
     """Preallocated keys and values for one attention layer."""
 
+    @door(batch_size="int >= 1", n_kv_heads="int >= 1", max_len="int >= 1", head_dim="int >= 1")
     def __init__(
         self,
         batch_size: int,
@@ -77,13 +78,6 @@ class KVCache(nn.Module):
         device=None,
     ):
         super().__init__()
-        for name, value in (
-            ("batch_size", batch_size),
-            ("n_kv_heads", n_kv_heads),
-            ("max_len", max_len),
-            ("head_dim", head_dim),
-        ):
-            require_int(name, value, minimum=1)
         shape = (batch_size, n_kv_heads, max_len, head_dim)  # (B, H_kv, S_max, D)
         # Buffers, not parameters: moved by .to() with the model, never trained, not in state_dict.
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
@@ -99,6 +93,14 @@ class KVCache(nn.Module):
         return self.k.shape[0]
 
     @property
+    def n_kv_heads(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k.shape[3]
+
+    @property
     def nbytes(self) -> int:
         """Bytes the cache holds allocated: keys and values for max_len positions (it is preallocated,
         so this does not change as positions are written)."""
@@ -109,12 +111,9 @@ class KVCache(nn.Module):
 
     @door(
         start="int >= 0",
-        k="float (B, H_kv, T, D)",
-        v="float (B, H_kv, T, D)",
+        k="float (self.batch_size, self.n_kv_heads, T, self.head_dim)",
+        v="float (self.batch_size, self.n_kv_heads, T, self.head_dim)",
         where={
-            "(B, H_kv, D) == (self.batch_size, self.k.shape[1], self.k.shape[3])": "k and v must have shape (B, H_kv, "
-            "T, D) with (B, H_kv, D) = {(self.batch_size, self.k.shape[1], self.k.shape[3])}, the cache's, got "
-            "{tuple(k.shape)}",
             "start <= self.length": "start must be <= the cache length {self.length} (no gaps), got {start}",
             "start + T <= self.max_len": "the cache holds {self.max_len} positions; writing {start}..{start + T - 1} "
             "would overflow it",

@@ -29,8 +29,8 @@ import torch
 from lib._door import door
 
 __all__ = [
+    "SAMPLING_KNOBS",
     "apply_temperature",
-    "check_sampling_knobs",
     "filter_logits",
     "next_token_distribution",
     "sample_next_token",
@@ -42,7 +42,7 @@ NEG_INF = float("-inf")
 
 
 # --------------------------------------------------------------------------- the contract
-_KNOBS = door(
+SAMPLING_KNOBS = door(
     logits="logits (..., V)",
     temperature="real >= 0",
     top_k="int >= 1 | None",
@@ -52,20 +52,13 @@ _KNOBS = door(
 )
 
 
-def check_sampling_knobs(temperature, top_k, top_p) -> tuple[float, int | None, float | None]:
-    """temperature >= 0 (0: greedy), top_k an int >= 1 or None, top_p in (0, 1] or None: what
-    every sampler here, and every generate, checks at its door; returned as float, int, float."""
-    _KNOBS.check(temperature=temperature, top_k=top_k, top_p=top_p)
-    return float(temperature), top_k, None if top_p is None else float(top_p)
-
-
 def _work(logits: torch.Tensor) -> torch.Tensor:
     """Probabilities of fp16/bf16 logits are computed in float32."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 # --------------------------------------------------------------------------- the filters
-@_KNOBS.plus(where={"temperature > 0": "temperature must be > 0 here (callers treat 0 as greedy decoding)"})
+@SAMPLING_KNOBS.plus(where={"temperature > 0": "temperature must be > 0 here (callers treat 0 as greedy decoding)"})
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature: T < 1 sharpens the distribution, T > 1 flattens it; T > 0 here."""
     return logits / float(temperature)
@@ -125,7 +118,7 @@ def _greedy_only(logits: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~keep, NEG_INF)
 
 
-@_KNOBS
+@SAMPLING_KNOBS
 def filter_logits(
     logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> torch.Tensor:
@@ -148,7 +141,7 @@ def filter_logits(
 _ONE_LEFT = {"not torch.isneginf(logits).all(-1).any()": "logits has a row that is all -inf: no token left to choose"}
 
 
-@_KNOBS.plus(logits="logits (B, V)", where=_ONE_LEFT)
+@SAMPLING_KNOBS.plus(logits="logits (B, V)", where=_ONE_LEFT)
 def sample_next_token(
     logits: torch.Tensor,
     *,
@@ -172,7 +165,7 @@ def sample_next_token(
     return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B, 1) -> (B,)
 
 
-@_KNOBS.plus(logits="logits (V,)", where=_ONE_LEFT)
+@SAMPLING_KNOBS.plus(logits="logits (V,)", where=_ONE_LEFT)
 def next_token_distribution(
     logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> dict[str, torch.Tensor]:

@@ -2,7 +2,7 @@
 configs are consistent, and max_batch / max_context are the largest values that fit."""
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -58,11 +58,7 @@ def test_formula_equals_the_bytes_of_real_cache_tensors(shape, name):
 def test_dtype_bytes_takes_a_torch_dtype_or_a_name():
     for name, dtype in TORCH_DTYPES.items():
         assert dtype_bytes(dtype) == dtype_bytes(name) == bytes_per_element(name)
-    assert dtype_bytes("int4") == 0.5
-    with pytest.raises(TypeError, match="dtype must be a torch.dtype or a name"):
-        dtype_bytes(2)
-    with pytest.raises(ValueError, match="must be one of"):
-        dtype_bytes("fp12")
+    assert dtype_bytes("int4") == 0.5  # its refusals: DTYPE_BYTES_REFUSALS
 
 
 def test_dtype_table_matches_torch_element_sizes():
@@ -295,83 +291,187 @@ def test_the_weights_dtype_defaults_to_the_cache_dtype():
 
 # --------------------------------------------------------------------------- bad input
 GOOD_SIZES = {"n_layers": 2, "batch": 3, "seq_len": 4, "n_kv_heads": 2, "head_dim": 8}
-
-
-@pytest.mark.parametrize("name", list(GOOD_SIZES))
-@pytest.mark.parametrize(
-    "bad, error",
-    [(0, ValueError), (-1, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError), (None, TypeError)],
+_BAD_SIZES = [  # (bad size, error, the message after the argument's name)
+    (0, ValueError, "must be >= 1, got 0"),
+    (-1, ValueError, "must be >= 1, got -1"),
+    (1.5, TypeError, "must be an int, got float"),
+    ("3", TypeError, "must be an int, got str"),
+    (True, TypeError, "must be an int, got bool"),
+    (None, TypeError, "must be an int, got NoneType"),
+]
+_NUMBER = (
+    "must be a number of bytes per element (2 for fp16, 0.5 for int4; bytes_per_element('fp16') converts a dtype name)"
 )
-def test_kv_cache_bytes_refuses_bad_sizes_by_name(name, bad, error):
-    with pytest.raises(error, match=name):
-        kv_cache_bytes(**{**GOOD_SIZES, name: bad})
+_BAD_BPE = [  # (bad bytes per element, error, the message after the argument's name)
+    (0, ValueError, "must be a finite number > 0, got 0"),
+    (-2, ValueError, "must be a finite number > 0, got -2"),
+    (float("inf"), ValueError, "must be a finite number > 0, got inf"),
+    (float("nan"), ValueError, "must be a finite number > 0, got nan"),
+    ("fp16", TypeError, f"{_NUMBER}, got str"),
+    (True, TypeError, f"{_NUMBER}, got bool"),
+]
 
 
-@pytest.mark.parametrize(
-    "bad, error",
-    [
-        (0, ValueError),
-        (-2, ValueError),
-        (float("inf"), ValueError),
-        (float("nan"), ValueError),
-        ("fp16", TypeError),
-        (True, TypeError),
-    ],
-)
-def test_bytes_per_elem_must_be_a_positive_number(bad, error):
-    with pytest.raises(error, match="bytes_per_elem"):
-        kv_cache_bytes(**GOOD_SIZES, bytes_per_elem=bad)
-    with pytest.raises(error, match="bytes_per_elem"):
-        weight_bytes(10, bad)
-    with pytest.raises(error, match="weight_bytes_per_elem"):
-        max_batch(PUBLIC_CONFIGS["GPT-2"], seq_len=1, memory_bytes=GB, weight_bytes_per_elem=bad)
+def bpe_rows(name):
+    return [(name, bad, error, f"{name} {tail}") for bad, error, tail in _BAD_BPE]
 
 
-def test_bad_names_and_counts_are_refused_clearly():
-    with pytest.raises(ValueError, match=r"dtype_name must be one of \['fp32', 'fp16', 'bf16', 'fp8', 'int4'\]"):
-        bytes_per_element("fp64")
-    with pytest.raises(TypeError, match="dtype_name"):
-        bytes_per_element(2)
-    with pytest.raises(ValueError, match="gpu must be one of"):
-        gpu_memory_bytes("8 GB")
-    with pytest.raises(ValueError, match="n_params"):
-        weight_bytes(0)
-    with pytest.raises(TypeError, match="n_params"):
-        weight_bytes(7e9)
-    with pytest.raises(ValueError, match="n_bytes"):
-        format_bytes(-1)
+KV_CACHE_BYTES_REFUSALS = [
+    *[(name, bad, error, f"{name} {tail}") for name in GOOD_SIZES for bad, error, tail in _BAD_SIZES],
+    *bpe_rows("bytes_per_elem"),
+]
 
 
-def test_max_batch_and_max_context_refuse_bad_arguments_by_name():
+@pytest.mark.parametrize("argument, bad, error, message", rows(KV_CACHE_BYTES_REFUSALS))
+def test_kv_cache_bytes_refusals(argument, bad, error, message):
+    assert_refuses(kv_cache_bytes, dict(GOOD_SIZES, bytes_per_elem=2), argument, bad, error, message)
+
+
+WEIGHT_BYTES_REFUSALS = [
+    ("n_params", 0, ValueError, "n_params must be >= 1, got 0"),
+    ("n_params", 7e9, TypeError, "n_params must be an int, got float"),
+    *bpe_rows("bytes_per_elem"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(WEIGHT_BYTES_REFUSALS))
+def test_weight_bytes_refusals(argument, bad, error, message):
+    assert_refuses(weight_bytes, dict(n_params=10, bytes_per_elem=2), argument, bad, error, message)
+
+
+_NOT_A_MODEL = "model must be a ModelShape (e.g. PUBLIC_CONFIGS['Llama-2-7B']), got str"
+MAX_BATCH_REFUSALS = [
+    ("model", "GPT-2", TypeError, _NOT_A_MODEL),
+    ("memory_bytes", 80e9, TypeError, "memory_bytes must be an int, got float"),
+    ("seq_len", 0, ValueError, "seq_len must be >= 1, got 0"),
+    ("bytes_per_elem", 0, ValueError, "bytes_per_elem must be a finite number > 0, got 0"),
+    *bpe_rows("weight_bytes_per_elem"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(MAX_BATCH_REFUSALS))
+def test_max_batch_refusals(argument, bad, error, message):
+    good = dict(model=PUBLIC_CONFIGS["GPT-2"], seq_len=1, memory_bytes=GB, weight_bytes_per_elem=None)
+    assert_refuses(max_batch, good, argument, bad, error, message)
+
+
+MAX_CONTEXT_REFUSALS = [
+    ("model", "GPT-2", TypeError, _NOT_A_MODEL),
+    ("memory_bytes", -1, ValueError, "memory_bytes must be >= 0, got -1"),
+    ("batch", 0, ValueError, "batch must be >= 1, got 0"),
+    ("weight_bytes_per_elem", 0, ValueError, "weight_bytes_per_elem must be a finite number > 0, got 0"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(MAX_CONTEXT_REFUSALS))
+def test_max_context_refusals(argument, bad, error, message):
+    good = dict(model=PUBLIC_CONFIGS["GPT-2"], batch=1, memory_bytes=GB, weight_bytes_per_elem=None)
+    assert_refuses(max_context, good, argument, bad, error, message)
+
+
+def test_max_batch_and_max_context_take_their_sizes_by_keyword_only():
+    """Which number is which must be visible at the call (Python's own refusal, not a table row)."""
     m = PUBLIC_CONFIGS["GPT-2"]
-    with pytest.raises(TypeError, match="model must be a ModelShape"):
-        max_batch("GPT-2", seq_len=1, memory_bytes=GB)
-    with pytest.raises(TypeError, match="memory_bytes"):
-        max_batch(m, seq_len=1, memory_bytes=80e9)
-    with pytest.raises(ValueError, match="memory_bytes"):
-        max_context(m, batch=1, memory_bytes=-1)
-    with pytest.raises(ValueError, match="seq_len"):
-        max_batch(m, seq_len=0, memory_bytes=GB)
-    with pytest.raises(ValueError, match="batch"):
-        max_context(m, batch=0, memory_bytes=GB)
-    with pytest.raises(TypeError):
-        max_batch(m, 1, GB)  # keyword-only: which number is which must be visible at the call
+    for fn in (max_batch, max_context):
+        with pytest.raises(TypeError) as info:
+            fn(m, 1, GB)
+        assert str(info.value) == f"{fn.__name__}() takes 1 positional argument but 3 were given"
 
 
-@pytest.mark.parametrize(
-    "field, bad, error, message",
-    [
-        ("n_layers", 0, ValueError, "n_layers"),
-        ("head_dim", 64.0, TypeError, "head_dim"),
-        ("n_kv_heads", 33, ValueError, "n_kv_heads must be <= n_heads"),
-        ("n_kv_heads", 5, ValueError, "n_kv_heads must divide n_heads"),
-        ("n_params", 0, ValueError, "n_params"),
-        ("source", None, TypeError, "source"),
-    ],
-)
-def test_model_shape_refuses_inconsistent_numbers(field, bad, error, message):
-    with pytest.raises(error, match=message):
-        replace(PUBLIC_CONFIGS["Llama-2-7B"], **{field: bad})
+_NAMES = "['fp32', 'fp16', 'bf16', 'fp8', 'int4']"
+BYTES_PER_ELEMENT_REFUSALS = [
+    ("dtype_name", "fp64", ValueError, f"dtype_name must be one of {_NAMES}, got 'fp64'"),
+    ("dtype_name", 2, TypeError, f"dtype_name must be a str, one of {_NAMES}, got int"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(BYTES_PER_ELEMENT_REFUSALS))
+def test_bytes_per_element_refusals(argument, bad, error, message):
+    assert_refuses(bytes_per_element, dict(dtype_name="fp16"), argument, bad, error, message)
+
+
+DTYPE_BYTES_REFUSALS = [
+    ("dtype", 2, TypeError, "dtype must be a torch.dtype or a name like 'fp16', got int"),
+    ("dtype", "fp12", ValueError, f"dtype_name must be one of {_NAMES}, got 'fp12'"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(DTYPE_BYTES_REFUSALS))
+def test_dtype_bytes_refusals(argument, bad, error, message):
+    assert_refuses(dtype_bytes, dict(dtype=torch.float16), argument, bad, error, message)
+
+
+_GPUS = "['24 GB (RTX 4090)', '80 GB (A100/H100)', '141 GB (H200)']"
+GPU_MEMORY_BYTES_REFUSALS = [
+    ("gpu", "8 GB", ValueError, f"gpu must be one of {_GPUS}, got '8 GB'"),
+    ("gpu", 80, TypeError, f"gpu must be a str, one of {_GPUS}, got int"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(GPU_MEMORY_BYTES_REFUSALS))
+def test_gpu_memory_bytes_refusals(argument, bad, error, message):
+    assert_refuses(gpu_memory_bytes, dict(gpu="80 GB (A100/H100)"), argument, bad, error, message)
+
+
+FORMAT_BYTES_REFUSALS = [
+    ("n_bytes", -1, ValueError, "n_bytes must be >= 0, got -1"),
+    ("binary", 1, TypeError, "binary must be a bool, got int"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FORMAT_BYTES_REFUSALS))
+def test_format_bytes_refusals(argument, bad, error, message):
+    assert_refuses(format_bytes, dict(n_bytes=512, binary=True), argument, bad, error, message)
+
+
+ESTIMATE_PARAMS_REFUSALS = [
+    ("n_layers", 0, ValueError, "n_layers must be >= 1, got 0"),
+    ("n_heads", -1, ValueError, "n_heads must be >= 1, got -1"),
+    ("n_kv_heads", None, TypeError, "n_kv_heads must be an int, got NoneType"),
+    ("head_dim", 0, ValueError, "head_dim must be >= 1, got 0"),
+    ("mlp_ratio", 4.0, TypeError, "mlp_ratio must be an int, got float"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(ESTIMATE_PARAMS_REFUSALS))
+def test_estimate_params_refusals(argument, bad, error, message):
+    good = dict(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_ratio=4)
+    assert_refuses(estimate_params, good, argument, bad, error, message)
+
+
+MODEL_SHAPE_REFUSALS = [  # against Llama-2-7B's numbers: 32 heads of 128
+    ("n_layers", 0, ValueError, "n_layers must be >= 1, got 0"),
+    ("head_dim", 64.0, TypeError, "head_dim must be an int, got float"),
+    ("n_kv_heads", 33, ValueError, "n_kv_heads must be <= n_heads = 32, got 33"),
+    (
+        "n_kv_heads",
+        5,
+        ValueError,
+        "n_kv_heads must divide n_heads = 32 (each KV head serves a whole group of query heads), got 5",
+    ),
+    ("n_params", 0, ValueError, "n_params must be >= 1, got 0"),
+    ("source", None, TypeError, "source must be a str, got NoneType"),
+    ("name", 1, TypeError, "name must be a str, got int"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(MODEL_SHAPE_REFUSALS))
+def test_model_shape_refusals(argument, bad, error, message):
+    assert_refuses(ModelShape, asdict(PUBLIC_CONFIGS["Llama-2-7B"]), argument, bad, error, message)
+
+
+KV_CACHE_INIT_REFUSALS = [
+    ("batch_size", 0, ValueError, "batch_size must be >= 1, got 0"),
+    ("batch_size", True, TypeError, "batch_size must be an int, got bool"),
+    ("n_kv_heads", 1.5, TypeError, "n_kv_heads must be an int, got float"),
+    ("max_len", -1, ValueError, "max_len must be >= 1, got -1"),
+    ("head_dim", "8", TypeError, "head_dim must be an int, got str"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(KV_CACHE_INIT_REFUSALS))
+def test_kv_cache_init_refusals(argument, bad, error, message):
+    assert_refuses(KVCache, dict(batch_size=2, n_kv_heads=3, max_len=8, head_dim=4), argument, bad, error, message)
 
 
 def test_kv_cache_module_is_unchanged_by_the_arithmetic():
@@ -404,21 +504,22 @@ def test_kv_cache_update_returns_every_position_written_in_order_without_gaps():
 
 
 _K = torch.zeros(2, 3, 2, 4)
-_CACHE_SHAPE = "k and v must have shape (B, H_kv, T, D) with (B, H_kv, D) = (2, 3, 4), the cache's, got"
+_CACHE_SHAPE = "k must have shape (self.batch_size, self.n_kv_heads, T, self.head_dim)"
 UPDATE_REFUSALS = [
     ("start", 4, ValueError, "start must be <= the cache length 3 (no gaps), got 4"),
     ("start", -1, ValueError, "start must be >= 0, got -1"),
     ("start", 2.0, TypeError, "start must be an int, got float"),
     ("k, v", (torch.zeros(2, 3, 6, 4),) * 2, ValueError, "the cache holds 8 positions; writing 3..8 would overflow it"),
-    ("k, v", (torch.zeros(1, 3, 2, 4),) * 2, ValueError, f"{_CACHE_SHAPE} (1, 3, 2, 4)"),
-    ("k, v", (torch.zeros(2, 3, 2, 5),) * 2, ValueError, f"{_CACHE_SHAPE} (2, 3, 2, 5)"),
+    ("k, v", (torch.zeros(1, 3, 2, 4),) * 2, ValueError, f"{_CACHE_SHAPE} with self.batch_size = 2, got (1, 3, 2, 4)"),
+    ("k, v", (torch.zeros(2, 3, 2, 5),) * 2, ValueError, f"{_CACHE_SHAPE} with self.head_dim = 4, got (2, 3, 2, 5)"),
+    ("k, v", (torch.zeros(2, 2, 2, 4),) * 2, ValueError, f"{_CACHE_SHAPE} with self.n_kv_heads = 3, got (2, 2, 2, 4)"),
     (
         "v",
         torch.zeros(2, 3, 1, 4),
         ValueError,
-        "v must have shape (B, H_kv, T, D) with T = 2 as in k, got (2, 3, 1, 4)",
+        "v must have shape (self.batch_size, self.n_kv_heads, T, self.head_dim) with T = 2 as in k, got (2, 3, 1, 4)",
     ),
-    ("k", _K[0], ValueError, "k must have shape (B, H_kv, T, D) (4 dims), got (3, 2, 4)"),
+    ("k", _K[0], ValueError, f"{_CACHE_SHAPE} (4 dims), got (3, 2, 4)"),
     (
         "k",
         _K.long(),

@@ -5,10 +5,12 @@ permutation, and bad input gets clear errors. The real checkpoint is tests/lib/t
 
 import pytest
 import torch
+from refusals import assert_refuses, rows
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
+from lib.attention import BACKENDS
 from lib.decode import generate
 from lib.kv_cache import kv_cache_bytes
 from lib.llama import Llama, LlamaConfig
@@ -79,11 +81,32 @@ def test_checkpoint_names_are_huggingface_names():
     assert ours.lm_head is None and ours.head_weight is ours.model.embed_tokens.weight
 
 
-def test_a_tied_model_refuses_an_untied_head():
-    hf = hf_llama(tie_word_embeddings=False)
-    ours = Llama(LlamaConfig.from_huggingface(hf.config.to_dict() | {"tie_word_embeddings": True}))
-    with pytest.raises(ValueError, match="lm_head.weight differs"):
-        ours.load_checkpoint(hf.state_dict())
+with torch.random.fork_rng():  # the table's checkpoint is built at import: leave the global RNG as it was
+    _UNTIED = hf_llama(tie_word_embeddings=False)
+    _SD = _UNTIED.state_dict()
+    _TIED_SD = {k: v for k, v in _SD.items() if k != "lm_head.weight"}
+LOAD_CHECKPOINT_REFUSALS = [
+    (  # a tied model refuses an untied head
+        "state_dict",
+        _SD,
+        ValueError,
+        "lm_head.weight differs from model.embed_tokens.weight: this checkpoint is untied; "
+        "use LlamaConfig(tie_word_embeddings=False)",
+    ),
+    (
+        "state_dict",
+        {k: v for k, v in _TIED_SD.items() if k != "model.norm.weight"},
+        ValueError,
+        "the state dict does not fit this LlamaConfig: missing keys (1): ['model.norm.weight']",
+    ),
+    ("state_dict", list(_TIED_SD.items()), TypeError, "state_dict must be a dict of tensors, got list"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(LOAD_CHECKPOINT_REFUSALS))
+def test_load_checkpoint_refusals(argument, bad, error, message):
+    tied = Llama(LlamaConfig.from_huggingface(_UNTIED.config.to_dict() | {"tie_word_embeddings": True}))
+    assert_refuses(tied.load_checkpoint, dict(state_dict=_TIED_SD), argument, bad, error, message)
 
 
 def test_left_padded_batch_matches_huggingface_and_each_prompt_alone():
@@ -261,31 +284,142 @@ def test_loss_is_the_next_token_cross_entropy():
 
 
 # --------------------------------------------------------------------------- bad input
-def test_bad_input_gets_clear_errors():  # forward's door is in test_decoder_door.py; Llama adds these
+FORWARD_REFUSALS = [  # forward's door is in test_decoder_door.py; Llama adds these
+    (
+        "idx",
+        torch.zeros(1, 9, dtype=torch.long),
+        ValueError,
+        "the caches hold 8 positions; idx at 0..8 would overflow them (new_caches(batch_size, max_len) with a "
+        "larger max_len)",
+    ),
+    ("start", 2, ValueError, "start must be <= the cache length 0 (no gaps), got 2"),
+    (
+        "targets, return_attentions",
+        (torch.zeros(1, 2, dtype=torch.long), True),
+        ValueError,
+        "return_attentions and targets go in separate calls, got return_attentions=True",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
+def test_forward_refusals(argument, bad, error, message):
     model = Llama(LlamaConfig.tiny(block_size=16)).eval()
-    caches = model.new_caches(1, 8)
-    with pytest.raises(ValueError, match="would overflow them"):
-        model(torch.zeros(1, 9, dtype=torch.long), caches=caches)
-    with pytest.raises(ValueError, match=r"start must be <= the cache length 0 \(no gaps\), got 2"):
-        model(torch.zeros(1, 2, dtype=torch.long), caches=caches, start=2)
-    with pytest.raises(ValueError, match="return_attentions and targets go in separate calls"):
-        model(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), return_attentions=True)
-    with pytest.raises(ValueError, match="max_len must be <= block_size=16"):
-        model.new_caches(1, 17)
-    with pytest.raises(ValueError, match="passes the context block_size=16"):
-        generate(model, torch.zeros(1, 10, dtype=torch.long), 7)
+    good = dict(idx=torch.zeros(1, 2, dtype=torch.long), caches=model.new_caches(1, 8))
+    assert_refuses(model, good, argument, bad, error, message)
 
 
-def test_bad_configs_get_clear_errors():
-    with pytest.raises(ValueError, match=r"n_head \(6\) must be a multiple of n_kv_head \(4\)"):
-        LlamaConfig.tiny(n_head=6, n_kv_head=4, n_embd=48)
-    with pytest.raises(ValueError, match="rope_layout must be one of"):
-        LlamaConfig.tiny(rope_layout="complex")
-    with pytest.raises(ValueError, match="head dim"):
-        LlamaConfig.tiny(n_head=4, n_kv_head=2, n_embd=36)
-    with pytest.raises(TypeError, match="config must be a LlamaConfig"):
-        Llama({"n_layer": 2})
-    with pytest.raises(ValueError, match="rope_scaling"):
-        LlamaConfig.from_huggingface(
-            hf_llama().config.to_dict() | {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
-        )
+@pytest.mark.parametrize(
+    "argument, bad, error, message",
+    rows(
+        [
+            ("max_len", 17, ValueError, "max_len must be <= block_size=16, got 17"),
+            ("max_len", 0, ValueError, "max_len must be >= 1, got 0"),
+            ("batch_size", 0, ValueError, "batch_size must be >= 1, got 0"),
+            ("batch_size", 1.0, TypeError, "batch_size must be an int, got float"),
+        ]
+    ),
+)
+def test_new_caches_refusals(argument, bad, error, message):
+    model = Llama(LlamaConfig.tiny(block_size=16))
+    assert_refuses(model.new_caches, dict(batch_size=1, max_len=8), argument, bad, error, message)
+
+
+@pytest.mark.parametrize(
+    "argument, bad, error, message",
+    rows(
+        [
+            (
+                "max_new_tokens",
+                7,
+                ValueError,
+                "idx has T=10 tokens; with max_new_tokens=7 that passes the context block_size=16",
+            ),
+            (
+                "idx",
+                torch.zeros(1, 17, dtype=torch.long),
+                ValueError,
+                "idx has T=17 tokens; with max_new_tokens=6 that passes the context block_size=16",
+            ),
+        ]
+    ),
+)
+def test_generate_refusals(argument, bad, error, message):  # generate's own table is in test_gpt.py
+    model = Llama(LlamaConfig.tiny(block_size=16)).eval()
+    good = dict(model=model, idx=torch.zeros(1, 10, dtype=torch.long), max_new_tokens=6)
+    assert_refuses(generate, good, argument, bad, error, message)
+
+
+LLAMA_CONFIG_REFUSALS = [
+    (
+        "n_head, n_kv_head, n_embd",
+        (6, 4, 48),
+        ValueError,
+        "n_head (6) must be a multiple of n_kv_head (4): each key/value head serves n_head / n_kv_head query heads",
+    ),
+    ("rope_layout", "complex", ValueError, "rope_layout must be one of ('half', 'interleaved'), got 'complex'"),
+    (
+        "n_head, n_kv_head, n_embd",
+        (4, 2, 36),
+        ValueError,
+        "RoPE rotates pairs of dimensions: the head dim n_embd / n_head = 9 must be even",
+    ),
+    ("n_embd", 30, ValueError, "n_embd (30) must be divisible by n_head (4)"),
+    (
+        "attention_backend",
+        "magic",
+        ValueError,
+        f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got 'magic'",
+    ),
+    ("n_kv_head", 0, ValueError, "n_kv_head must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(LLAMA_CONFIG_REFUSALS))
+def test_llama_config_refusals(argument, bad, error, message):
+    assert_refuses(LlamaConfig, vars(LlamaConfig.tiny()), argument, bad, error, message)
+
+
+@pytest.mark.parametrize(
+    "argument, bad, error, message",
+    rows(
+        [
+            ("config", {"n_layer": 2}, TypeError, "config must be a LlamaConfig, got dict"),
+            ("config", None, TypeError, "config must be a LlamaConfig, got NoneType"),
+        ]
+    ),
+)
+def test_llama_refusals(argument, bad, error, message):
+    assert_refuses(Llama, dict(config=LlamaConfig.tiny()), argument, bad, error, message)
+
+
+def config_from_huggingface(**changes):
+    """LlamaConfig.from_huggingface on hf_llama()'s config dict with `changes` made to its fields."""
+    return LlamaConfig.from_huggingface(hf_llama().config.to_dict() | changes)
+
+
+@pytest.mark.parametrize(
+    "argument, bad, error, message",
+    rows(
+        [
+            (
+                "rope_scaling",
+                {"rope_type": "linear", "factor": 2.0},
+                ValueError,
+                "rope_scaling {'rope_type': 'linear', 'factor': 2.0} is not implemented here (plain RoPE only)",
+            ),
+            ("hidden_act", "gelu", ValueError, "only hidden_act='silu' (SwiGLU) is implemented, got 'gelu'"),
+            ("attention_bias", True, ValueError, "attention_bias=True is not implemented here"),
+            ("mlp_bias", True, ValueError, "mlp_bias=True is not implemented here"),
+            (
+                "head_dim",
+                16,
+                ValueError,
+                "head_dim=16 with 8 heads is not hidden_size=64: only head_dim = hidden_size / num_attention_heads "
+                "is implemented",
+            ),
+        ]
+    ),
+)
+def test_config_from_huggingface_refusals(argument, bad, error, message):
+    assert_refuses(config_from_huggingface, {}, argument, bad, error, message)
