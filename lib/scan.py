@@ -18,7 +18,7 @@ is the front door to all of them, and the named functions below check their argu
     "parallel"  parallel_scan_ref: Hillis-Steele doubling with `scan_combine`, log2(L) steps (teaching)
     "chunked"   a step per position *inside* a chunk, all chunks at once, then a short loop carrying
                 the state across chunks (see `selective_scan`). The bodies of these two, parallel
-                over time in PyTorch, are `lib.scan_parallel`'s (`scan_combine` is re-exported here)
+                over time in PyTorch, are `lib.scan_parallel`'s (with `scan_combine` and `default_chunk_size`)
     "cpu"       selective_scan_cpu: one fused loop in C, the state kept in cache, forward and
                 backward (`lib.kernels.scan_cpu`, compiled at first use; tests/lib/test_scan_cpu.py)
     "triton"    selective_scan_triton: one fused kernel, the state kept on chip (`lib.kernels.scan`,
@@ -52,16 +52,14 @@ import torch.nn.functional as F
 from lib._checks import inputs_checked
 from lib._door import door
 from lib.kernels.runtime import require_kernel_device, work_dtype
-from lib.scan_parallel import chunked_scan, default_chunk_size, doubling_scan, scan_combine, step_sizes
+from lib.scan_parallel import chunked_scan, doubling_scan, step_sizes
 
 __all__ = [
     "SCANS",
     "SCAN_CONTRACT",
-    "default_chunk_size",
     "discretize",
     "parallel_scan_ref",
     "recurrence",
-    "scan_combine",
     "selective_scan",
     "selective_scan_cpu",
     "selective_scan_ref",

@@ -8,7 +8,8 @@ from exercise_helpers import assert_names_the_mistake, assert_passes_and_refuses
 
 from lib.conv import causal_conv1d, causal_conv1d_ref
 from lib.course.exercises.lesson06 import check_causal_conv1d, check_discretize, check_scan_combine, check_ssm_step
-from lib.scan import discretize, scan_combine
+from lib.scan import discretize
+from lib.scan_parallel import scan_combine
 
 
 def _lib_step(h, x, delta, A, B, C):

@@ -44,7 +44,8 @@ from lib.course.bench import (
 )
 from lib.course.bench.timer import side_by_side
 from lib.kernels.scan_cpu import cpu_kernel_available, cpu_kernel_status
-from lib.scan import default_chunk_size, selective_scan, selective_scan_cpu, selective_scan_ref
+from lib.scan import selective_scan, selective_scan_cpu, selective_scan_ref
+from lib.scan_parallel import default_chunk_size
 
 SHAPES = (2, 64, 16)  # batch, D channels, N state entries
 GPU_MODEL_SHAPE = (8, 1536, 16)  # a Mamba-130m layer (d_inner = 2 x 768), batch 8: on a GPU only

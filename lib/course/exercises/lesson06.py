@@ -5,7 +5,7 @@ check_discretize(fn)     fn(delta (..., D), A (D, N), B (..., N)) -> (A_bar, B_b
 check_ssm_step(fn)       fn(h (B, D, N), x (B, D), delta (B, D), A (D, N), B (B, N), C (B, N))
                          -> (y (B, D), h_next (B, D, N)): one step of the selective recurrence
 check_scan_combine(fn)   fn((a1, b1), (a2, b2)) -> (a, b): "do left, then right" as one step,
-                         equal to lib.scan.scan_combine
+                         equal to lib.scan_parallel.scan_combine
 check_causal_conv1d(fn)  fn(x (B, T, E), weight (E, K), bias (E,)) -> (B, T, E): the mixer's short
                          causal depthwise convolution, equal to lib.conv.causal_conv1d_ref
 """
@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from lib.conv import causal_conv1d_ref
 from lib.course.exercises import Case, CheckReport, call_learner, run_checks
-from lib.scan import discretize, scan_combine, selective_scan_ref
+from lib.scan import discretize, selective_scan_ref
+from lib.scan_parallel import scan_combine
 
 __all__ = ["check_causal_conv1d", "check_discretize", "check_scan_combine", "check_ssm_step"]
 
