@@ -182,7 +182,9 @@ def dtype_bytes(dtype) -> float:
     if isinstance(dtype, torch.dtype):
         return float(torch.empty((), dtype=dtype).element_size())
     if isinstance(dtype, str):
-        return bytes_per_element(dtype)
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be a torch.dtype or one of {list(DTYPE_BYTES)}, got {dtype!r}")
+        return float(DTYPE_BYTES[dtype])
     raise TypeError(f"dtype must be a torch.dtype or a name like 'fp16', got {type(dtype).__name__}")
 
 

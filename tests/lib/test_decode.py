@@ -5,6 +5,7 @@ caches really allocate."""
 import pytest
 import tiny_models
 import torch
+from refusals import assert_refuses, built, rows
 
 from lib.course.precision import default_dtype
 from lib.decode import Decoder, decode_state_bytes, generate
@@ -127,11 +128,25 @@ def test_decode_state_bytes_counts_a_float64_model_in_float64():
     assert state_bytes(mamba.config, 2) == state_bytes(mamba, 2) // 2  # a config has no dtype: float32
 
 
-def test_decode_state_bytes_refuses_bad_arguments():
-    model = tiny_hybrid("MA")
-    with pytest.raises(TypeError, match="model must be a decoder"):
-        decode_state_bytes(torch.nn.Linear(2, 2), 1, 4)
-    with pytest.raises(ValueError, match="seq_len must be >= 1"):
-        decode_state_bytes(model, 1, 0)
-    with pytest.raises(ValueError, match="dtype_name must be one of"):
-        decode_state_bytes(model, 1, 4, "fp64")
+_DECODER = (
+    "model must be a decoder (an nn.Module with vocab_size, block_size, new_caches and cache_bytes, whose forward "
+    "takes caches and start): lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt, lib.mamba_lm.MambaLM or "
+    "lib.hybrid.HybridGPT; got Linear"
+)
+DECODE_STATE_BYTES_REFUSALS = [
+    ("model", built(lambda: torch.nn.Linear(2, 2)), TypeError, _DECODER),
+    ("seq_len", 0, ValueError, "seq_len must be >= 1, got 0"),
+    ("batch", 1.0, TypeError, "batch must be an int, got float"),
+    (
+        "dtype",
+        "fp64",
+        ValueError,
+        "dtype must be a torch.dtype or one of ['fp32', 'fp16', 'bf16', 'fp8', 'int4'], got 'fp64'",
+    ),
+]
+
+
+@pytest.mark.parametrize("argument, bad, error, message", rows(DECODE_STATE_BYTES_REFUSALS))
+def test_decode_state_bytes_refusals(argument, bad, error, message):
+    good = dict(model=tiny_hybrid("MA"), batch=1, seq_len=4, dtype=None)
+    assert_refuses(decode_state_bytes, good, argument, bad, error, message)

@@ -392,7 +392,7 @@ def test_bytes_per_element_refusals(argument, bad, error, message):
 
 DTYPE_BYTES_REFUSALS = [
     ("dtype", 2, TypeError, "dtype must be a torch.dtype or a name like 'fp16', got int"),
-    ("dtype", "fp12", ValueError, f"dtype_name must be one of {_NAMES}, got 'fp12'"),
+    ("dtype", "fp12", ValueError, f"dtype must be a torch.dtype or one of {_NAMES}, got 'fp12'"),
 ]
 
 
