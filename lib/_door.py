@@ -34,12 +34,12 @@ __all__ = ["DECODER_FORWARD", "door"]
 # and -inf: no NaN, no +inf), logits (floating, no NaN, no +inf), padding (a (B, S) mask of 1 =
 # token, 0 = padding, left-padded), ids (int64 or int32; with `< bound` its values in [0, bound),
 # the bound an int argument or an attribute path such as self.config.vocab_size). Layouts: named
-# sizes (each >= 1, the same wherever the name recurs), digits, attribute paths (self.d_model), `_`
-# (any size), `X?` (X or 1), a
-# leading `...` (any leading dims, the same in every tensor). `|` separates alternatives; `| None`
-# allows None. Scalars: "int >= 1", "real > 0", "real >= 0", "bool", "str", "instance torch.Generator"
-# (a class the declaring module can name), "one of SCANS" (a key or item of a collection the declaring
-# module can name). Every tensor must be on the first tensor's device.
+# sizes (each >= 1, the same wherever the name recurs), digits, attribute paths (self.d_model: that
+# value), `_` (any size), `X?` (X or 1), a leading `...` (any leading dims, the same in every
+# tensor). `|` separates alternatives; `| None` allows None. Scalars: "int >= 1", "real > 0",
+# "real >= 0", "bool", "str", "instance torch.Generator" (a class the declaring module can name),
+# "one of SCANS" (an item, or a dict's key, of a collection the declaring module can name). Every
+# tensor must be on the first tensor's device.
 # `where` rules are Python expressions over the sizes, the arguments (sizes win a clash of names)
 # and the declaring module's globals, checked in order after the arguments; a rule naming a tensor
 # reads its data (a value scan). A failed rule's message is followed by the values it names
