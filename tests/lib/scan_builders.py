@@ -5,6 +5,7 @@ every scan must refuse, and one thread for tiny tensors."""
 import pytest
 import torch
 import torch.nn.functional as F
+from refusals import not_float
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +54,6 @@ def assert_close32(actual, expected):
     torch.testing.assert_close(actual, expected, rtol=RTOL32, atol=RTOL32 * expected.abs().max().item())
 
 
-_FLOAT = "must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64"
 _NEGATIVE_A = (
     "A must be negative everywhere (A < 0): Ā = exp(Δ·A) must be < 1 for the state to decay; A >= 0 makes the "
     "state grow without bound (got max {}). Mamba stores A = -exp(A_log)."
@@ -92,8 +92,8 @@ def bad_scan_cases():
         ("A zero", dict(ok, A=A.clone().index_fill_(1, torch.tensor([0]), 0.0)), ValueError, _NEGATIVE_A.format(0)),
         ("A positive", dict(ok, A=-A), ValueError, _NEGATIVE_A.format(f"{(-A).max().item():.4g}")),
         ("delta negative", dict(ok, delta=-delta), ValueError, f"delta {_STEP} {(-delta).min().item():.4g}"),
-        ("x integer", dict(ok, x=torch.ones(2, 6, 3, dtype=torch.int64)), TypeError, f"x {_FLOAT}"),
-        ("B integer", dict(ok, B=B.long()), TypeError, f"B {_FLOAT}"),
+        ("x integer", dict(ok, x=torch.ones(2, 6, 3, dtype=torch.int64)), TypeError, not_float("x")),
+        ("B integer", dict(ok, B=B.long()), TypeError, not_float("B")),
         ("C not a tensor", dict(ok, C=C.tolist()), TypeError, "C must be a torch.Tensor, got list"),
         (
             "empty",
@@ -102,7 +102,7 @@ def bad_scan_cases():
             "x must have shape (B, L, D) with every size >= 1, got (2, 0, 3)",
         ),
         ("z shape", dict(ok, z=x[:, :5]), ValueError, "z must have shape (B, L, D) with L = 6 as in x, got (2, 5, 3)"),
-        ("z integer", dict(ok, z=x.long()), TypeError, f"z {_FLOAT}"),
+        ("z integer", dict(ok, z=x.long()), TypeError, not_float("z")),
         (
             "delta_bias shape",
             dict(ok, delta_bias=D[:2]),

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
-from refusals import assert_refuses, rows
+from refusals import assert_refuses, not_float, rows
 
 from lib.attention import (
     BACKENDS,
@@ -200,62 +200,39 @@ def test_auto_backend_is_sdpa_and_registered_backends_are_dispatched():
 
 
 q0, k0, v0 = qkv(B=2, H=4, T=6, D=8)
-_TYPES = "(float16, bfloat16, float32 or float64)"
 _TRITON = "backend='triton' takes causal=True or no mask, not a mask (sdpa takes any)"
 _ADDITIVE = "mask must be an additive floating mask (0 = attend, -inf = blocked), got torch"
+# fmt: off
 ATTENTION_REFUSALS = [
     ("q", q0[0], ValueError, "q must have shape (B, H, T, D) (4 dims), got (4, 6, 8)"),
     ("q", q0[:, :, :0], ValueError, "q must have shape (B, H, T, D) with every size >= 1, got (2, 4, 0, 8)"),
-    ("q", q0.long(), TypeError, f"q must have a floating dtype {_TYPES}, got torch.int64"),
+    ("q", q0.long(), TypeError, not_float("q")),
     ("q", [[1.0]], TypeError, "q must be a torch.Tensor, got list"),
     ("k", k0[..., :4], ValueError, "k must have shape (B, H_kv, S, D) with D = 8 as in q, got (2, 4, 6, 4)"),
     ("k, v", (k0[:1], v0[:1]), ValueError, "k must have shape (B, H_kv, S, D) with B = 2 as in q, got (1, 4, 6, 8)"),
-    (
-        "k, v",
-        (k0[:, :3], v0[:, :3]),
-        ValueError,
-        "the query heads H must be a multiple of the key/value heads H_kv, got H=4, H_kv=3",
-    ),
+    ("k, v", (k0[:, :3], v0[:, :3]), ValueError,
+     "the query heads H must be a multiple of the key/value heads H_kv, got H=4, H_kv=3"),
     ("v", v0[:, :, :5], ValueError, "v must have shape (B, H_kv, S, D_v) with S = 6 as in k, got (2, 4, 5, 8)"),
-    (
-        "v",
-        v0.double(),
-        ValueError,
-        "q, k, v must share one dtype, got q: torch.float32, k: torch.float32, v: torch.float64",
-    ),
+    ("v", v0.double(), ValueError,
+     "q, k, v must share one dtype, got q: torch.float32, k: torch.float32, v: torch.float64"),
     ("v", v0.to("meta"), ValueError, "v must be on q's device cpu, got meta"),
     ("mask", torch.zeros(6, 5), ValueError, "mask must have shape (T, S) with S = 6 as in k, got (6, 5)"),
-    (
-        "mask",
-        torch.zeros(2, 3, 6, 6),
-        ValueError,
-        "mask must broadcast to (B, H, T, S) with H = 4 as in q (or 1), got (2, 3, 6, 6)",
-    ),
-    (
-        "mask",
-        torch.zeros(6, 6, 6),
-        ValueError,
-        "mask must have shape (T, S) or broadcast to (B, H, T, S) (2 or 4 dims), got (6, 6, 6)",
-    ),
-    (
-        "mask",
-        torch.ones(6, 6, dtype=torch.bool),
-        TypeError,
-        f"{_ADDITIVE}.bool; convert with lib.masks.additive_from_bool(keep)",
-    ),
+    ("mask", torch.zeros(2, 3, 6, 6), ValueError,
+     "mask must broadcast to (B, H, T, S) with H = 4 as in q (or 1), got (2, 3, 6, 6)"),
+    ("mask", torch.zeros(6, 6, 6), ValueError,
+     "mask must have shape (T, S) or broadcast to (B, H, T, S) (2 or 4 dims), got (6, 6, 6)"),
+    ("mask", torch.ones(6, 6, dtype=torch.bool), TypeError,
+     f"{_ADDITIVE}.bool; convert with lib.masks.additive_from_bool(keep)"),
     ("mask", torch.zeros(6, 6, dtype=torch.int32), TypeError, f"{_ADDITIVE}.int32"),
     ("mask", torch.full((6, 6), float("nan")), ValueError, "mask must hold finite values or -inf (no NaN, no +inf)"),
     ("mask", torch.zeros(6, 6, device="meta"), ValueError, "mask must be on q's device cpu, got meta"),
-    (
-        "q, k, v, causal",
-        (q0[:, :, :4], k0[:, :, :3], v0[:, :, :3], True),
-        ValueError,
-        "causal attention needs T <= S (the queries are the last T of S positions), got causal=True, T=4, S=3",
-    ),
+    ("q, k, v, causal", (q0[:, :, :4], k0[:, :, :3], v0[:, :, :3], True), ValueError,
+     "causal attention needs T <= S (the queries are the last T of S positions), got causal=True, T=4, S=3"),
     ("causal", 1, TypeError, "causal must be a bool, got int"),
     ("scale", -1.0, ValueError, "scale must be a finite number > 0 or None, got -1.0"),
     ("scale", "a", TypeError, "scale must be a real number or None, got str"),
 ]
+# fmt: on
 GOOD = dict(q=q0, k=k0, v=v0, mask=None, causal=False, scale=None)
 
 
@@ -327,7 +304,7 @@ ONLINE = dict(
                 "scores",
                 torch.zeros(3, 5, dtype=torch.int64),
                 TypeError,
-                f"scores must have a floating dtype {_TYPES}, got torch.int64",
+                not_float("scores"),
             ),
             (
                 "l",

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from refusals import assert_refuses, rows
+from refusals import assert_refuses, built, refusal_test, rows
 from transformers import AutoModel
 
 from lib.bert import Bert, BertConfig, load_minilm, mean_pool, minilm_path, mlm_corrupt
@@ -238,46 +238,26 @@ def test_state_dict_misfit_names_the_keys_and_shapes(minilm):
 
 
 _IDS = torch.ones(2, 3, dtype=torch.long)
+# fmt: off
 FORWARD_REFUSALS = [
     ("input_ids", torch.ones(2, 3), TypeError, "input_ids must be an int64 (or int32) tensor, got torch.float32"),
     ("input_ids", torch.ones(3, dtype=torch.long), ValueError, "input_ids must have shape (B, T) (2 dims), got (3,)"),
-    (
-        "input_ids",
-        torch.ones(1, 65, dtype=torch.long),
-        ValueError,
-        "input_ids has T=65 tokens, past the context max_position_embeddings=64",
-    ),
-    (
-        "input_ids",
-        torch.full((1, 3), 1000),
-        ValueError,
-        "input_ids must lie in [0, vocab_size=1000), got min 1000, max 1000",
-    ),
-    (
-        "attention_mask",
-        torch.ones(2, 4),
-        ValueError,
-        "attention_mask must have shape (B, T) with T = 3 as in input_ids, got (2, 4)",
-    ),
-    (
-        "attention_mask",
-        torch.full((2, 3), 2),
-        ValueError,
-        "attention_mask must hold only 0 (padding) and 1 (real token)",
-    ),
-    (
-        "token_type_ids",
-        torch.full((2, 3), 2),
-        ValueError,
-        "token_type_ids must lie in [0, type_vocab_size=2), got min 2, max 2",
-    ),
+    ("input_ids", torch.ones(1, 65, dtype=torch.long), ValueError,
+     "input_ids has T=65 tokens, past the context max_position_embeddings=64"),
+    ("input_ids", torch.full((1, 3), 1000), ValueError,
+     "input_ids must lie in [0, vocab_size=1000), got min 1000, max 1000"),
+    ("attention_mask", torch.ones(2, 4), ValueError,
+     "attention_mask must have shape (B, T) with T = 3 as in input_ids, got (2, 4)"),
+    ("attention_mask", torch.full((2, 3), 2), ValueError,
+     "attention_mask must hold only 0 (padding) and 1 (real token)"),
+    ("token_type_ids", torch.full((2, 3), 2), ValueError,
+     "token_type_ids must lie in [0, type_vocab_size=2), got min 2, max 2"),
     ("return_attentions", 1, TypeError, "return_attentions must be a bool, got int"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
-def test_forward_refusals(argument, bad, error, message):
-    assert_refuses(Bert(BertConfig.tiny()), dict(input_ids=_IDS), argument, bad, error, message)
+test_forward_refusals = refusal_test(built(lambda: Bert(BertConfig.tiny())), dict(input_ids=_IDS), FORWARD_REFUSALS)
 
 
 @pytest.mark.parametrize(

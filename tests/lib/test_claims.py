@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from refusals import assert_refuses, rows
+from refusals import assert_refuses, refusal_test, rows
 
 from lib.course.claims import (
     MIMETYPE,
@@ -90,9 +90,7 @@ CLAIM_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(CLAIM_REFUSALS))
-def test_claim_refusals(argument, bad, error, message):
-    assert_refuses(claim, GOOD_CLAIM, argument, bad, error, message)
+test_claim_refusals = refusal_test(claim, GOOD_CLAIM, CLAIM_REFUSALS)
 
 
 def test_claim_takes_its_fields_after_the_statement_by_keyword():
@@ -127,14 +125,11 @@ _NEEDS_DECIDED_AT = (
     "reproduced_if(otherwise='not reproduced at this scale') needs decided_at: the scale at which the claim "
     "would be decided (a non-empty str), got"
 )
+# fmt: off
 REPRODUCED_IF_REFUSALS = [
     # a capability, not an outcome of the measurement
-    (
-        "otherwise",
-        "needs a GPU",
-        ValueError,
-        "otherwise must be 'contradicted' or 'not reproduced at this scale', got 'needs a GPU'",
-    ),
+    ("otherwise", "needs a GPU", ValueError,
+     "otherwise must be 'contradicted' or 'not reproduced at this scale', got 'needs a GPU'"),
     ("holds", None, TypeError, _condition("reproduced_if", None)),
     ("holds", "yes", TypeError, _condition("reproduced_if", "yes")),
     ("holds", b"yes", TypeError, _condition("reproduced_if", b"yes")),
@@ -146,36 +141,29 @@ REPRODUCED_IF_REFUSALS = [
         for bad in [None, "", "   ", 3]
     ],
     # contradicted needs no promise
-    (
-        "decided_at",
-        "BERT-base",
-        ValueError,
-        "decided_at goes with otherwise='not reproduced at this scale' only, got otherwise='contradicted'",
-    ),
+    ("decided_at", "BERT-base", ValueError,
+     "decided_at goes with otherwise='not reproduced at this scale' only, got otherwise='contradicted'"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(REPRODUCED_IF_REFUSALS))
-def test_reproduced_if_refusals(argument, bad, error, message):
-    assert_refuses(reproduced_if, dict(holds=False), argument, bad, error, message)
+test_reproduced_if_refusals = refusal_test(reproduced_if, dict(holds=False), REPRODUCED_IF_REFUSALS)
 
 
+# fmt: off
 PARTLY_REPRODUCED_IF_REFUSALS = [
-    (
-        "every, some",
-        (True, False),
-        ValueError,
-        "partly_reproduced_if: every part holds but not some: pass the two measured conditions",
-    ),
+    ("every, some", (True, False), ValueError,
+     "partly_reproduced_if: every part holds but not some: pass the two measured conditions"),
     ("every", None, TypeError, _condition("partly_reproduced_if", None)),
     ("some", None, TypeError, _condition("partly_reproduced_if", None)),
     ("every", torch.tensor([True, False]), TypeError, _several("partly_reproduced_if", "Tensor")),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(PARTLY_REPRODUCED_IF_REFUSALS))
-def test_partly_reproduced_if_refusals(argument, bad, error, message):
-    assert_refuses(partly_reproduced_if, dict(every=False, some=True), argument, bad, error, message)
+test_partly_reproduced_if_refusals = refusal_test(
+    partly_reproduced_if, dict(every=False, some=True), PARTLY_REPRODUCED_IF_REFUSALS
+)
 
 
 ARITHMETIC_IF_REFUSALS = [
@@ -185,9 +173,7 @@ ARITHMETIC_IF_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(ARITHMETIC_IF_REFUSALS))
-def test_arithmetic_if_refusals(argument, bad, error, message):
-    assert_refuses(arithmetic_if, dict(holds=True), argument, bad, error, message)
+test_arithmetic_if_refusals = refusal_test(arithmetic_if, dict(holds=True), ARITHMETIC_IF_REFUSALS)
 
 
 # needs_gpu and not_measurable refuse alike; {} is the helper's name
@@ -222,6 +208,7 @@ def test_the_deciding_scale_joins_the_evidence_and_survives_the_round_trip():
 
 _RECORD = dict(GOOD_CLAIM, verdict="reproduced")
 _FIELDS = "a claim record has exactly the fields ('id', 'statement', 'source', 'verdict', 'evidence');"
+# fmt: off
 FROM_DICT_REFUSALS = [
     (
         "data",
@@ -230,21 +217,16 @@ FROM_DICT_REFUSALS = [
         "claim 'kv-cache-7b-34gb': a 'not reproduced at this scale' record's evidence must say the scale at which it "
         "would be decided ('would be decided at: ...'), got '64-wide models'",
     ),
-    (
-        "data",
-        {"id": "x"},
-        ValueError,
-        f"{_FIELDS} missing ['statement', 'source', 'verdict', 'evidence'], unexpected []",
-    ),
+    ("data", {"id": "x"}, ValueError,
+     f"{_FIELDS} missing ['statement', 'source', 'verdict', 'evidence'], unexpected []"),
     ("data", dict(_RECORD, x=1), ValueError, f"{_FIELDS} missing [], unexpected ['x']"),
     ("data", [1], TypeError, "a claim record is a dict, got list"),
     ("data", dict(_RECORD, verdict="ok"), ValueError, f"claim verdict must be one of {VERDICTS}, got 'ok'"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(FROM_DICT_REFUSALS))
-def test_claim_from_dict_refusals(argument, bad, error, message):
-    assert_refuses(Claim.from_dict, dict(data=_RECORD), argument, bad, error, message)
+test_claim_from_dict_refusals = refusal_test(Claim.from_dict, dict(data=_RECORD), FROM_DICT_REFUSALS)
 
 
 def test_display_bundle_is_readable_deterministic_and_round_trips():
@@ -281,25 +263,19 @@ def test_check_required_passes_each_required_claim_made_once():
 
 
 _LEDGER_HINT = "(run the lessons that measure them, or give each claim one id)"
+# fmt: off
 CHECK_REQUIRED_REFUSALS = [
-    (
-        "required",
-        ("a", "c"),
-        ValueError,
-        f"claims ledger: required claims missing ['c']; claims registered more than once [] {_LEDGER_HINT}",
-    ),
-    (
-        "ids",
-        ["a", "a"],
-        ValueError,
-        f"claims ledger: required claims missing []; claims registered more than once ['a'] {_LEDGER_HINT}",
-    ),
+    ("required", ("a", "c"), ValueError,
+     f"claims ledger: required claims missing ['c']; claims registered more than once [] {_LEDGER_HINT}"),
+    ("ids", ["a", "a"], ValueError,
+     f"claims ledger: required claims missing []; claims registered more than once ['a'] {_LEDGER_HINT}"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(CHECK_REQUIRED_REFUSALS))
-def test_check_required_refusals(argument, bad, error, message):
-    assert_refuses(check_required, dict(ids=["a", "b"], required=("a",)), argument, bad, error, message)
+test_check_required_refusals = refusal_test(
+    check_required, dict(ids=["a", "b"], required=("a",)), CHECK_REQUIRED_REFUSALS
+)
 
 
 def test_every_required_claim_is_registered_exactly_once_by_the_lessons():

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 from compare_builders import TINY
-from refusals import assert_refuses, built, rows
+from refusals import assert_refuses, built, refusal_test, rows
 
 import lib.course.compare as compare
 from lib.course.compare import (
@@ -63,10 +63,9 @@ BUILD_MODEL_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(BUILD_MODEL_REFUSALS))
-def test_build_model_refusals(argument, bad, error, message):
-    good = dict(setting=TINY, name="Mamba", vocab_size=12, seed=5)
-    assert_refuses(compare.build_model, good, argument, bad, error, message)
+test_build_model_refusals = refusal_test(
+    compare.build_model, dict(setting=TINY, name="Mamba", vocab_size=12, seed=5), BUILD_MODEL_REFUSALS
+)
 
 
 def test_active_parameters_count_k_of_e_experts():
@@ -100,23 +99,20 @@ def test_flop_count_equals_the_gpt_formula_and_is_linear_for_mamba():
     assert len(set(counts.values())) == 1, counts
 
 
+# fmt: off
 FORWARD_FLOPS_REFUSALS = [
-    (
-        "model",
-        built(lambda: torch.nn.Linear(2, 2)),
-        TypeError,
-        "model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.mamba_lm.MambaLM, got Linear",
-    ),
+    ("model", built(lambda: torch.nn.Linear(2, 2)), TypeError,
+     "model must be a lib.gpt.GPT, lib.hybrid.HybridGPT or lib.mamba_lm.MambaLM, got Linear"),
     ("T", 0, ValueError, "T must be >= 1, got 0"),
     ("T", 4.0, TypeError, "T must be an int, got float"),
     ("batch", 0, ValueError, "batch must be >= 1, got 0"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_FLOPS_REFUSALS))
-def test_forward_flops_refusals(argument, bad, error, message):
-    good = dict(model=compare.build_model(TINY, "GPT", 12), T=4, batch=1)
-    assert_refuses(forward_flops, good, argument, bad, error, message)
+test_forward_flops_refusals = refusal_test(
+    forward_flops, built(lambda: dict(model=compare.build_model(TINY, "GPT", 12), T=4, batch=1)), FORWARD_FLOPS_REFUSALS
+)
 
 
 def test_scaling_exponent_reads_the_power():
@@ -135,9 +131,9 @@ SCALING_EXPONENT_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(SCALING_EXPONENT_REFUSALS))
-def test_scaling_exponent_refusals(argument, bad, error, message):
-    assert_refuses(scaling_exponent, dict(xs=[10, 100, 1000], ys=[1, 2, 4]), argument, bad, error, message)
+test_scaling_exponent_refusals = refusal_test(
+    scaling_exponent, dict(xs=[10, 100, 1000], ys=[1, 2, 4]), SCALING_EXPONENT_REFUSALS
+)
 
 
 def test_expert_flops_grow_only_by_the_router():
@@ -157,22 +153,21 @@ def test_mixed_task_is_seeded_and_checks_its_parts():
 
 
 _TASKS = "tasks must be a non-empty list of tasks (callables (batch, generator) -> (idx, targets))"
+# fmt: off
 MIXED_TASK_REFUSALS = [
-    (
-        "tasks",
-        [AssociativeRecall(2, 2, 8, 8), SelectiveCopying()],
-        ValueError,
-        "the tasks must share one vocabulary, got vocab sizes ['10', '18']",
-    ),
+    ("tasks", [AssociativeRecall(2, 2, 8, 8), SelectiveCopying()], ValueError,
+     "the tasks must share one vocabulary, got vocab sizes ['10', '18']"),
     ("tasks", [], ValueError, _TASKS),
     ("tasks", [3], ValueError, _TASKS),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(MIXED_TASK_REFUSALS))
-def test_mixed_task_refusals(argument, bad, error, message):
-    good = dict(tasks=[AssociativeRecall(2, 2, 4, 4), AssociativeRecall(3, 3, 4, 4)])
-    assert_refuses(MixedTask, good, argument, bad, error, message)
+test_mixed_task_refusals = refusal_test(
+    MixedTask,
+    built(lambda: dict(tasks=[AssociativeRecall(2, 2, 4, 4), AssociativeRecall(3, 3, 4, 4)])),
+    MIXED_TASK_REFUSALS,
+)
 
 
 def test_each_model_trains_with_its_own_recipe():
@@ -212,9 +207,7 @@ RECIPE_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(RECIPE_REFUSALS))
-def test_recipe_refusals(argument, bad, error, message):
-    assert_refuses(Recipe, dict(steps=1, batch_size=1, lr=1e-3), argument, bad, error, message)
+test_recipe_refusals = refusal_test(Recipe, dict(steps=1, batch_size=1, lr=1e-3), RECIPE_REFUSALS)
 
 
 _MAP_EACH = "must map each of ('GPT', 'Mamba', 'MoE GPT', 'Hybrid') to a Recipe, got"
@@ -229,10 +222,9 @@ SETTING_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(SETTING_REFUSALS))
-def test_setting_refusals(argument, bad, error, message):
-    good = {f.name: getattr(TINY, f.name) for f in dataclasses.fields(Setting)}  # TINY, field by field
-    assert_refuses(Setting, good, argument, bad, error, message)
+test_setting_refusals = refusal_test(
+    Setting, built(lambda: {f.name: getattr(TINY, f.name) for f in dataclasses.fields(Setting)}), SETTING_REFUSALS
+)
 
 
 _SETTINGS = "['default', 'full', 'state']"
@@ -244,9 +236,7 @@ BUILD_MODELS_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(BUILD_MODELS_REFUSALS))
-def test_build_models_refusals(argument, bad, error, message):
-    assert_refuses(build_models, dict(setting="default", vocab_size=10), argument, bad, error, message)
+test_build_models_refusals = refusal_test(build_models, dict(setting="default", vocab_size=10), BUILD_MODELS_REFUSALS)
 
 
 def test_seed_ranges_and_gaps_that_no_seed_closes():
@@ -279,7 +269,8 @@ JUDGE_STATE_SWEEP_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(JUDGE_STATE_SWEEP_REFUSALS))
-def test_judge_state_sweep_refusals(argument, bad, error, message):
-    good = dict(acc={"GPT": {"4": [1.0, 1.0]}, "Mamba": {"4": [1.0, 0.5]}}, easiest=4, judged=(4,))
-    assert_refuses(compare.judge_state_sweep, good, argument, bad, error, message)
+test_judge_state_sweep_refusals = refusal_test(
+    compare.judge_state_sweep,
+    dict(acc={"GPT": {"4": [1.0, 1.0]}, "Mamba": {"4": [1.0, 0.5]}}, easiest=4, judged=(4,)),
+    JUDGE_STATE_SWEEP_REFUSALS,
+)

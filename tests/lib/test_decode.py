@@ -5,7 +5,7 @@ caches really allocate."""
 import pytest
 import tiny_models
 import torch
-from refusals import assert_refuses, built, rows
+from refusals import built, refusal_test
 
 from lib.course.precision import default_dtype
 from lib.decode import Decoder, decode_state_bytes, generate
@@ -133,20 +133,19 @@ _DECODER = (
     "takes caches and start): lib.gpt.GPT, lib.llama.Llama, lib.moe_lm.moe_gpt, lib.mamba_lm.MambaLM or "
     "lib.hybrid.HybridGPT; got Linear"
 )
+# fmt: off
 DECODE_STATE_BYTES_REFUSALS = [
     ("model", built(lambda: torch.nn.Linear(2, 2)), TypeError, _DECODER),
     ("seq_len", 0, ValueError, "seq_len must be >= 1, got 0"),
     ("batch", 1.0, TypeError, "batch must be an int, got float"),
-    (
-        "dtype",
-        "fp64",
-        ValueError,
-        "dtype must be a torch.dtype or one of ['fp32', 'fp16', 'bf16', 'fp8', 'int4'], got 'fp64'",
-    ),
+    ("dtype", "fp64", ValueError,
+     "dtype must be a torch.dtype or one of ['fp32', 'fp16', 'bf16', 'fp8', 'int4'], got 'fp64'"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(DECODE_STATE_BYTES_REFUSALS))
-def test_decode_state_bytes_refusals(argument, bad, error, message):
-    good = dict(model=tiny_hybrid("MA"), batch=1, seq_len=4, dtype=None)
-    assert_refuses(decode_state_bytes, good, argument, bad, error, message)
+test_decode_state_bytes_refusals = refusal_test(
+    decode_state_bytes,
+    built(lambda: dict(model=tiny_hybrid("MA"), batch=1, seq_len=4, dtype=None)),
+    DECODE_STATE_BYTES_REFUSALS,
+)

@@ -24,6 +24,7 @@ _NO_PADDING = (
 idx = torch.zeros(2, 5, dtype=torch.long)
 _RANGE = "must lie in [0, vocab_size=64)"
 _MASK_VALUES = "attention_mask must hold only 1 (token) and 0 (padding), as an integer or bool tensor"
+# fmt: off
 FORWARD_REFUSALS = [
     ("idx", idx[0], ValueError, "idx must have shape (B, T) (2 dims), got (5,)"),
     ("idx", idx.float(), TypeError, "idx must be an int64 (or int32) tensor, got torch.float32"),
@@ -31,33 +32,20 @@ FORWARD_REFUSALS = [
     ("idx", idx[:, :0], ValueError, "idx must have shape (B, T) with every size >= 1, got (2, 0)"),
     ("idx", torch.full((2, 5), 64), ValueError, f"idx {_RANGE}, got min 64, max 64"),
     ("idx", torch.full((2, 5), -1), ValueError, f"idx {_RANGE}, got min -1, max -1"),
-    (
-        "idx",
-        torch.zeros(1, 17, dtype=torch.long),
-        ValueError,
-        "idx has T=17 tokens from position 0, past the context block_size=16",
-        None,
-    ),
+    ("idx", torch.zeros(1, 17, dtype=torch.long), ValueError,
+     "idx has T=17 tokens from position 0, past the context block_size=16", None),
     ("idx", idx.to("meta"), ValueError, "idx must be on the model's device cpu, got meta"),
     ("start", -1, ValueError, "start must be >= 0, got -1"),
     ("start", 1.0, TypeError, "start must be an int, got float"),
-    (
-        "start",
-        2,
-        ValueError,
-        "start > 0 needs caches: without them the earlier positions are not there to attend to, got start=2",
-    ),
+    ("start", 2, ValueError,
+     "start > 0 needs caches: without them the earlier positions are not there to attend to, got start=2"),
     ("targets", idx.float(), TypeError, "targets must be an int64 (or int32) tensor, got torch.float32"),
     ("targets", idx[:, :4], ValueError, "targets must have shape (B, T) with T = 5 as in idx, got (2, 4)"),
     ("targets", torch.full((2, 5), 64), ValueError, f"targets {_RANGE} (or be -100 to skip a position)"),
     ("caches", "3 rows", ValueError, "caches were built for batch size 3, idx has batch size 2"),
     ("caches", "1 layer", ValueError, "caches must hold one cache per layer ({n_layer}), got 1"),
-    (
-        "attention_mask",
-        torch.ones(2, 4, dtype=torch.long),
-        ValueError,
-        "attention_mask must have shape (B, start + T) = (2, 5), covering cached positions too, got (2, 4)",
-    ),
+    ("attention_mask", torch.ones(2, 4, dtype=torch.long), ValueError,
+     "attention_mask must have shape (B, start + T) = (2, 5), covering cached positions too, got (2, 4)"),
     (
         "attention_mask",
         torch.tensor([[1, 1, 0, 0, 0], [1] * 5]),
@@ -68,14 +56,10 @@ FORWARD_REFUSALS = [
     ),
     ("attention_mask", torch.full((2, 5), 2), ValueError, _MASK_VALUES, _NO_PADDING),
     ("attention_mask", torch.ones(2, 5), ValueError, _MASK_VALUES),
-    (
-        "attention_mask",
-        torch.tensor([[0] * 5, [1] * 5]),
-        ValueError,
-        "attention_mask: every row needs at least one real token, at the last position",
-        _NO_PADDING,
-    ),
+    ("attention_mask", torch.tensor([[0] * 5, [1] * 5]), ValueError,
+     "attention_mask: every row needs at least one real token, at the last position", _NO_PADDING),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("argument, bad, error, message, mamba", rows([(*r, r[3])[:5] for r in FORWARD_REFUSALS]))

@@ -3,7 +3,7 @@ paths agree, its cached generation equals the uncached one, and bad input gets c
 
 import pytest
 import torch
-from refusals import assert_refuses, rows
+from refusals import assert_refuses, built, refusal_test, rows
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
@@ -164,18 +164,16 @@ with torch.random.fork_rng():  # the tables' models are built at import: leave t
     _GPT_OF_HF = GPT(GPTConfig.from_huggingface(_HF.config))
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(FROM_HUGGINGFACE_REFUSALS))
-def test_from_huggingface_refusals(argument, bad, error, message):
-    assert_refuses(GPT.from_huggingface, dict(model=_HF), argument, bad, error, message)
+test_from_huggingface_refusals = refusal_test(GPT.from_huggingface, dict(model=_HF), FROM_HUGGINGFACE_REFUSALS)
 
 
 def load_checkpoint(model, state_dict):
     model.load_checkpoint(state_dict)
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(LOAD_CHECKPOINT_REFUSALS))
-def test_load_checkpoint_refusals(argument, bad, error, message):
-    assert_refuses(load_checkpoint, dict(model=_GPT_OF_HF, state_dict=_SD), argument, bad, error, message)
+test_load_checkpoint_refusals = refusal_test(
+    load_checkpoint, dict(model=_GPT_OF_HF, state_dict=_SD), LOAD_CHECKPOINT_REFUSALS
+)
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
@@ -375,10 +373,11 @@ with torch.random.fork_rng():  # the table's models are built at import: leave t
     ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(GENERATE_REFUSALS))
-def test_generate_refusals(argument, bad, error, message):
-    good = dict(model=_GENERATOR_MODEL, idx=torch.zeros(2, 4, dtype=torch.long), max_new_tokens=2)
-    assert_refuses(generate, good, argument, bad, error, message)
+test_generate_refusals = refusal_test(
+    generate,
+    built(lambda: dict(model=_GENERATOR_MODEL, idx=torch.zeros(2, 4, dtype=torch.long), max_new_tokens=2)),
+    GENERATE_REFUSALS,
+)
 
 
 def test_a_non_causal_model_generates_without_the_cache():  # with it, refused (GENERATE_REFUSALS)
@@ -386,31 +385,23 @@ def test_a_non_causal_model_generates_without_the_cache():  # with it, refused (
     assert generate(model, torch.zeros(1, 3, dtype=torch.long), 2, use_cache=False).shape == (1, 5)
 
 
+# fmt: off
 GPT_CONFIG_REFUSALS = [
     ("n_embd, n_head", (30, 4), ValueError, "n_embd (30) must be divisible by n_head (4)"),
     ("positions", "alibi", ValueError, "positions must be one of ('learned', 'rope'), got 'alibi'"),
-    (
-        "n_embd, n_head, positions",
-        (12, 4, "rope"),
-        ValueError,
-        "RoPE rotates pairs of dimensions: the head dim n_embd / n_head = 3 must be even",
-    ),
+    ("n_embd, n_head, positions", (12, 4, "rope"), ValueError,
+     "RoPE rotates pairs of dimensions: the head dim n_embd / n_head = 3 must be even"),
     ("attention_backend", "magic", ValueError, _BACKEND_NAMES),
-    (
-        "activation",
-        "relu",
-        ValueError,
-        "activation must be one of ['gelu', 'gelu_new', 'gelu_pytorch_tanh'], got 'relu'",
-    ),
+    ("activation", "relu", ValueError,
+     "activation must be one of ['gelu', 'gelu_new', 'gelu_pytorch_tanh'], got 'relu'"),
     ("dropout", 1.0, ValueError, "dropout must be in [0, 1), got 1.0"),
     ("n_layer", 0, ValueError, "n_layer must be >= 1, got 0"),
     ("n_head", 2.0, TypeError, "n_head must be an int, got float"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(GPT_CONFIG_REFUSALS))
-def test_gpt_config_refusals(argument, bad, error, message):
-    assert_refuses(GPTConfig, {}, argument, bad, error, message)
+test_gpt_config_refusals = refusal_test(GPTConfig, {}, GPT_CONFIG_REFUSALS)
 
 
 def test_blocks_take_their_parts():

@@ -4,7 +4,7 @@ the pattern alone decides the layers."""
 import pytest
 import tiny_models
 import torch
-from refusals import assert_refuses, rows
+from refusals import assert_refuses, refusal_test, rows
 
 from lib.decode import generate
 from lib.gpt import GPTConfig
@@ -52,6 +52,7 @@ def test_mixer_cache_advances():
     assert caches[0].length == 4 and caches[0].nbytes == nbytes
 
 
+# fmt: off
 FORWARD_REFUSALS = [
     (  # a gap: the mixer's state cannot skip positions
         "start",
@@ -59,12 +60,8 @@ FORWARD_REFUSALS = [
         ValueError,
         "start must equal the positions already read (4): a recurrent state cannot skip or rewind positions, got 6",
     ),
-    (
-        "idx",
-        torch.zeros(3, 1, dtype=torch.long),
-        ValueError,
-        "caches were built for batch size 2, idx has batch size 3",
-    ),
+    ("idx", torch.zeros(3, 1, dtype=torch.long), ValueError,
+     "caches were built for batch size 2, idx has batch size 3"),
     (
         "idx, attention_mask, caches",
         (torch.zeros(2, 4, dtype=torch.long), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]), None),
@@ -75,6 +72,7 @@ FORWARD_REFUSALS = [
         ),
     ),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
@@ -88,6 +86,7 @@ def test_forward_refusals(argument, bad, error, message):
 
 
 _CONFIG = GPTConfig(vocab_size=20, block_size=16, n_layer=3, n_head=4, n_embd=32)
+# fmt: off
 HYBRID_REFUSALS = [
     (
         "pattern",
@@ -108,20 +107,15 @@ HYBRID_REFUSALS = [
             "= Mamba mixer), got ''"
         ),
     ),
-    (
-        "mamba",
-        MambaConfig(vocab_size=20, d_model=16, n_layers=1),
-        ValueError,
-        "mamba.d_model (16) must equal config.n_embd (32)",
-    ),
+    ("mamba", MambaConfig(vocab_size=20, d_model=16, n_layers=1), ValueError,
+     "mamba.d_model (16) must equal config.n_embd (32)"),
     ("mamba", {"d_model": 32}, TypeError, "mamba must be a lib.mamba.MambaConfig or None, got dict"),
     ("config", {"n_layer": 3}, TypeError, "config must be a lib.gpt.GPTConfig, got dict"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(HYBRID_REFUSALS))
-def test_hybrid_refusals(argument, bad, error, message):
-    assert_refuses(HybridGPT, dict(config=_CONFIG, pattern="MAM", mamba=None), argument, bad, error, message)
+test_hybrid_refusals = refusal_test(HybridGPT, dict(config=_CONFIG, pattern="MAM", mamba=None), HYBRID_REFUSALS)
 
 
 def test_an_all_ones_mask_is_taken_and_new_caches_refuses_a_length_past_the_block():

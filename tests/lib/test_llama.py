@@ -5,7 +5,7 @@ permutation, and bad input gets clear errors. The real checkpoint is tests/lib/t
 
 import pytest
 import torch
-from refusals import assert_refuses, rows
+from refusals import assert_refuses, built, refusal_test, rows
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 from transformers.utils import logging as hf_logging
@@ -85,6 +85,7 @@ with torch.random.fork_rng():  # the table's checkpoint is built at import: leav
     _UNTIED = hf_llama(tie_word_embeddings=False)
     _SD = _UNTIED.state_dict()
     _TIED_SD = {k: v for k, v in _SD.items() if k != "lm_head.weight"}
+# fmt: off
 LOAD_CHECKPOINT_REFUSALS = [
     (  # a tied model refuses an untied head
         "state_dict",
@@ -93,14 +94,11 @@ LOAD_CHECKPOINT_REFUSALS = [
         "lm_head.weight differs from model.embed_tokens.weight: this checkpoint is untied; "
         "use LlamaConfig(tie_word_embeddings=False)",
     ),
-    (
-        "state_dict",
-        {k: v for k, v in _TIED_SD.items() if k != "model.norm.weight"},
-        ValueError,
-        "the state dict does not fit this LlamaConfig: missing keys (1): ['model.norm.weight']",
-    ),
+    ("state_dict", {k: v for k, v in _TIED_SD.items() if k != "model.norm.weight"}, ValueError,
+     "the state dict does not fit this LlamaConfig: missing keys (1): ['model.norm.weight']"),
     ("state_dict", list(_TIED_SD.items()), TypeError, "state_dict must be a dict of tensors, got list"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("argument, bad, error, message", rows(LOAD_CHECKPOINT_REFUSALS))
@@ -284,6 +282,7 @@ def test_loss_is_the_next_token_cross_entropy():
 
 
 # --------------------------------------------------------------------------- bad input
+# fmt: off
 FORWARD_REFUSALS = [  # forward's door is in test_decoder_door.py; Llama adds these
     (
         "idx",
@@ -293,13 +292,10 @@ FORWARD_REFUSALS = [  # forward's door is in test_decoder_door.py; Llama adds th
         "larger max_len)",
     ),
     ("start", 2, ValueError, "start must be <= the cache length 0 (no gaps), got 2"),
-    (
-        "targets, return_attentions",
-        (torch.zeros(1, 2, dtype=torch.long), True),
-        ValueError,
-        "return_attentions and targets go in separate calls, got return_attentions=True",
-    ),
+    ("targets, return_attentions", (torch.zeros(1, 2, dtype=torch.long), True), ValueError,
+     "return_attentions and targets go in separate calls, got return_attentions=True"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
@@ -350,34 +346,22 @@ def test_generate_refusals(argument, bad, error, message):  # generate's own tab
     assert_refuses(generate, good, argument, bad, error, message)
 
 
+# fmt: off
 LLAMA_CONFIG_REFUSALS = [
-    (
-        "n_head, n_kv_head, n_embd",
-        (6, 4, 48),
-        ValueError,
-        "n_head (6) must be a multiple of n_kv_head (4): each key/value head serves n_head / n_kv_head query heads",
-    ),
+    ("n_head, n_kv_head, n_embd", (6, 4, 48), ValueError,
+     "n_head (6) must be a multiple of n_kv_head (4): each key/value head serves n_head / n_kv_head query heads"),
     ("rope_layout", "complex", ValueError, "rope_layout must be one of ('half', 'interleaved'), got 'complex'"),
-    (
-        "n_head, n_kv_head, n_embd",
-        (4, 2, 36),
-        ValueError,
-        "RoPE rotates pairs of dimensions: the head dim n_embd / n_head = 9 must be even",
-    ),
+    ("n_head, n_kv_head, n_embd", (4, 2, 36), ValueError,
+     "RoPE rotates pairs of dimensions: the head dim n_embd / n_head = 9 must be even"),
     ("n_embd", 30, ValueError, "n_embd (30) must be divisible by n_head (4)"),
-    (
-        "attention_backend",
-        "magic",
-        ValueError,
-        f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got 'magic'",
-    ),
+    ("attention_backend", "magic", ValueError,
+     f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got 'magic'"),
     ("n_kv_head", 0, ValueError, "n_kv_head must be >= 1, got 0"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(LLAMA_CONFIG_REFUSALS))
-def test_llama_config_refusals(argument, bad, error, message):
-    assert_refuses(LlamaConfig, vars(LlamaConfig.tiny()), argument, bad, error, message)
+test_llama_config_refusals = refusal_test(LlamaConfig, built(lambda: vars(LlamaConfig.tiny())), LLAMA_CONFIG_REFUSALS)
 
 
 @pytest.mark.parametrize(

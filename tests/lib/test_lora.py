@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from refusals import assert_refuses, built, rows
+from refusals import assert_refuses, built, not_float, refusal_test, rows
 
 from lib.attention import attention
 from lib.lora import LoRALinear, add_lora, count_parameters, merge_lora
@@ -233,14 +233,11 @@ def _with_conv1d():
     return model
 
 
+# fmt: off
 ADD_LORA_REFUSALS = [
     ("model", built(lambda: [nn.Linear(2, 2)]), TypeError, "model must be a torch.nn.Module, got list"),
-    (
-        "targets",
-        "c_attn",
-        TypeError,
-        "targets must be an iterable of module names such as ('c_attn', 'c_proj'), got 'c_attn'",
-    ),
+    ("targets", "c_attn", TypeError,
+     "targets must be an iterable of module names such as ('c_attn', 'c_proj'), got 'c_attn'"),
     ("targets", None, TypeError, "targets must be an iterable of module names such as ('c_attn', 'c_proj'), got None"),
     ("targets", ["c_attn", 3], TypeError, "targets must hold only str module names, got ['c_attn', 3]"),
     ("targets", [], ValueError, "targets must name at least one module, e.g. ('c_attn', 'c_proj'), got none"),
@@ -309,6 +306,7 @@ ADD_LORA_REFUSALS = [
         ),
     ),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("argument, bad, error, message", rows(ADD_LORA_REFUSALS))
@@ -324,64 +322,51 @@ def lin():
     return nn.Linear(8, 4)
 
 
+# fmt: off
 LORA_LINEAR_REFUSALS = [
     ("base", built(lambda: nn.Conv1d(8, 4, 1)), TypeError, "base must be a torch.nn.Linear, got Conv1d"),
     ("base", built(lambda: LoRALinear(lin())), TypeError, "base must be a torch.nn.Linear, got LoRALinear"),
     ("r", 0, ValueError, "r must be >= 1, got 0"),
     ("r", True, TypeError, "r must be an int, got bool"),
     ("alpha", 0.0, ValueError, "alpha must be a finite number > 0 (the update is scaled by alpha / r), got 0.0"),
-    (
-        "alpha",
-        float("nan"),
-        ValueError,
-        "alpha must be a finite number > 0 (the update is scaled by alpha / r), got nan",
-    ),
+    ("alpha", float("nan"), ValueError,
+     "alpha must be a finite number > 0 (the update is scaled by alpha / r), got nan"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(LORA_LINEAR_REFUSALS))
-def test_lora_linear_refusals(argument, bad, error, message):
-    assert_refuses(LoRALinear, dict(base=lin(), r=8, alpha=16.0), argument, bad, error, message)
+test_lora_linear_refusals = refusal_test(
+    LoRALinear, built(lambda: dict(base=lin(), r=8, alpha=16.0)), LORA_LINEAR_REFUSALS
+)
 
 
+# fmt: off
 LORA_FORWARD_REFUSALS = [
     ("x", torch.ones(3, 5), ValueError, "x must have shape (..., in_features) = (..., 8), got (3, 5)"),
-    (
-        "x",
-        torch.ones(3, 8, dtype=torch.int64),
-        TypeError,
-        "x must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
-    ),
-    (
-        "x",
-        torch.ones(3, 8, dtype=torch.float64),
-        ValueError,
-        "x must match the layer's dtype torch.float32 and device cpu, got torch.float64 on cpu",
-    ),
+    ("x", torch.ones(3, 8, dtype=torch.int64), TypeError, not_float("x")),
+    ("x", torch.ones(3, 8, dtype=torch.float64), ValueError,
+     "x must match the layer's dtype torch.float32 and device cpu, got torch.float64 on cpu"),
     ("x", torch.tensor(1.0), ValueError, "x must have shape (..., in_features) = (..., 8), got ()"),
     ("x", [[1.0] * 8], TypeError, "x must be a torch.Tensor, got list"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(LORA_FORWARD_REFUSALS))
-def test_lora_forward_refusals(argument, bad, error, message):
-    assert_refuses(LoRALinear(lin()), dict(x=torch.ones(3, 8)), argument, bad, error, message)
+test_lora_forward_refusals = refusal_test(
+    built(lambda: LoRALinear(lin())), built(lambda: dict(x=torch.ones(3, 8))), LORA_FORWARD_REFUSALS
+)
 
 
+# fmt: off
 MERGE_LORA_REFUSALS = [
-    (
-        "model",
-        built(lambda: LoRALinear(lin())),
-        ValueError,
-        "model is itself a LoRALinear and cannot be replaced in place; use model.merged()",
-    ),
+    ("model", built(lambda: LoRALinear(lin())), ValueError,
+     "model is itself a LoRALinear and cannot be replaced in place; use model.merged()"),
     ("model", "model", TypeError, "model must be a torch.nn.Module, got str"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(MERGE_LORA_REFUSALS))
-def test_merge_lora_refusals(argument, bad, error, message):
-    assert_refuses(merge_lora, dict(model=_with_lora()), argument, bad, error, message)
+test_merge_lora_refusals = refusal_test(merge_lora, built(lambda: dict(model=_with_lora())), MERGE_LORA_REFUSALS)
 
 
 def test_count_parameters_refuses_a_trainable_only_that_is_not_a_bool():

@@ -8,7 +8,7 @@ import pytest
 import tiny_models
 import torch
 import torch.nn.functional as F
-from refusals import assert_refuses, rows
+from refusals import assert_refuses, refusal_test, rows
 from scan_builders import one_thread  # noqa: F401  (an autouse fixture: one thread for tiny tensors)
 
 from lib.decode import generate
@@ -347,26 +347,23 @@ def test_the_model_refuses_a_gap_and_state_bytes_a_gpt_config():
     assert all(isinstance(c, MixerCache) for c in model.new_caches(1))
 
 
+# fmt: off
 CONFIG_REFUSALS = [
-    (
-        "scan",
-        "fast",
-        ValueError,
-        "scan must be one of ('auto', 'chunked', 'cpu', 'ref', 'parallel', 'triton'), got 'fast'",
-    ),
+    ("scan", "fast", ValueError,
+     "scan must be one of ('auto', 'chunked', 'cpu', 'ref', 'parallel', 'triton'), got 'fast'"),
     ("dt_rank", "big", TypeError, "dt_rank must be an int, got str"),
     ("norm", "batch", ValueError, "norm must be one of ('rms', 'layer'), got 'batch'"),
     ("chunk_size", 0, ValueError, "chunk_size must be >= 1, got 0"),
     ("d_model", 0, ValueError, "d_model must be >= 1, got 0"),
     ("dt_min, dt_max", (0.2, 0.1), ValueError, "need 0 < dt_min <= dt_max, got dt_min=0.2, dt_max=0.1"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(CONFIG_REFUSALS))
-def test_config_refusals(argument, bad, error, message):
-    assert_refuses(MambaConfig, dict(vocab_size=64, d_model=32, n_layers=2), argument, bad, error, message)
+test_config_refusals = refusal_test(MambaConfig, dict(vocab_size=64, d_model=32, n_layers=2), CONFIG_REFUSALS)
 
 
+# fmt: off
 MIXER_REFUSALS = [
     ("cache", MixerCache(3, 64, 4, 16), ValueError, "the cache was built for batch size 3, x has batch size 2"),
     (
@@ -387,14 +384,11 @@ MIXER_REFUSALS = [
             "lib.mamba.MixerCache or None, got object"
         ),
     ),
-    (
-        "start",
-        4,
-        ValueError,
-        "start must equal the positions already read (0): a recurrent state cannot skip or rewind positions, got 4",
-    ),
+    ("start", 4, ValueError,
+     "start must equal the positions already read (0): a recurrent state cannot skip or rewind positions, got 4"),
     ("start", -1, ValueError, "start must be >= 0, got -1"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("argument, bad, error, message", rows(MIXER_REFUSALS))

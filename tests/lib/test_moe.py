@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from refusals import assert_refuses, rows
+from refusals import assert_refuses, not_float, refusal_test, rows
 
 from lib.moe import (
     MoE,
@@ -303,29 +303,20 @@ LAYER_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(LAYER_REFUSALS))
-def test_layer_refusals(argument, bad, error, message):
-    assert_refuses(MoE, dict(d_model=16, d_ff=32, num_experts=6, top_k=2), argument, bad, error, message)
+test_layer_refusals = refusal_test(MoE, dict(d_model=16, d_ff=32, num_experts=6, top_k=2), LAYER_REFUSALS)
 
 
 _X = "x must have shape (B, T, self.d_model)"
+# fmt: off
 FORWARD_REFUSALS = [
-    ("x", torch.randn(2, 3, 8), ValueError, f"{_X} with self.d_model = 16, got (2, 3, 8)"),
-    ("x", torch.randn(6, 16), ValueError, f"{_X} (3 dims), got (6, 16)"),
-    ("x", torch.randn(0, 3, 16), ValueError, f"{_X} with every size >= 1, got (0, 3, 16)"),
-    (
-        "x",
-        torch.ones(2, 3, 16, dtype=torch.long),
-        TypeError,
-        "x must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
-    ),
-    (
-        "x",
-        torch.randn(2, 3, 16).double(),
-        ValueError,
-        "x must match the layer's weights (torch.float32 on cpu), got torch.float64 on cpu",
-    ),
+    ("x", torch.zeros(2, 3, 8), ValueError, f"{_X} with self.d_model = 16, got (2, 3, 8)"),
+    ("x", torch.zeros(6, 16), ValueError, f"{_X} (3 dims), got (6, 16)"),
+    ("x", torch.zeros(0, 3, 16), ValueError, f"{_X} with every size >= 1, got (0, 3, 16)"),
+    ("x", torch.ones(2, 3, 16, dtype=torch.long), TypeError, not_float("x")),
+    ("x", torch.zeros(2, 3, 16).double(), ValueError,
+     "x must match the layer's weights (torch.float32 on cpu), got torch.float64 on cpu"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("argument, bad, error, message", rows(FORWARD_REFUSALS))
@@ -348,59 +339,36 @@ def test_attributes_are_checked_when_set():
 
 _E = "top_k must be <= the number of experts E, got top_k="
 _LOGITS = "logits must have shape (N, E) (2 dims), got"
+# fmt: off
 OTHER_REFUSALS = [
     (route_top_k, dict(logits=torch.zeros(4, 3, 2), top_k=1), ValueError, f"{_LOGITS} (4, 3, 2)"),
     (route_top_k, dict(logits=torch.zeros(4, 3), top_k=4), ValueError, f"{_E}4, E=3"),
     (route_top_k, dict(logits=torch.zeros(4, 3), top_k=0), ValueError, "top_k must be >= 1, got 0"),
-    (
-        route_top_k,
-        dict(logits=torch.zeros(4, 3), top_k=1, gating="softmax"),
-        ValueError,
-        f"gating must be one of {_GATINGS}, got 'softmax'",
-    ),
-    (
-        route_top_k,
-        dict(logits=torch.zeros(4, 3, dtype=torch.long), top_k=1),
-        TypeError,
-        "logits must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
-    ),
+    (route_top_k, dict(logits=torch.zeros(4, 3), top_k=1, gating="softmax"), ValueError,
+     f"gating must be one of {_GATINGS}, got 'softmax'"),
+    (route_top_k, dict(logits=torch.zeros(4, 3, dtype=torch.long), top_k=1), TypeError, not_float("logits")),
     (switch_loss, dict(logits=torch.zeros(4, 3), top_k=5), ValueError, f"{_E}5, E=3"),
     (switch_loss, dict(logits=torch.zeros(12), top_k=1), ValueError, f"{_LOGITS} (12,)"),
-    (load_balancing_loss, dict(router_logits=torch.randn(5, 4), top_k=5), ValueError, f"{_E}5, E=4"),
+    (load_balancing_loss, dict(router_logits=torch.zeros(5, 4), top_k=5), ValueError, f"{_E}5, E=4"),
+    (load_balancing_loss, dict(router_logits=[], top_k=1), ValueError,
+     "router_logits must hold at least one layer's (N, E) logits, got an empty sequence"),
     (
         load_balancing_loss,
-        dict(router_logits=[], top_k=1),
-        ValueError,
-        "router_logits must hold at least one layer's (N, E) logits, got an empty sequence",
-    ),
-    (
-        load_balancing_loss,
-        dict(router_logits=[torch.randn(5, 4), torch.randn(5, 6)], top_k=1),
+        dict(router_logits=[torch.zeros(5, 4), torch.zeros(5, 6)], top_k=1),
         ValueError,
         "router_logits[1] must have shape (N, E) or (B, T, E) with E = 4 as in router_logits[0] and hold a token, "
         "got (5, 6)",
     ),
-    (
-        load_balancing_loss,
-        dict(router_logits=torch.randn(5, 4), top_k=1, pooled="yes"),
-        TypeError,
-        "pooled must be a bool, got str",
-    ),
-    (
-        router_z_loss,
-        dict(router_logits=torch.randn(5)),
-        ValueError,
-        "router_logits must have shape (N, E) or (B, T, E) and hold a token, got (5,)",
-    ),
+    (load_balancing_loss, dict(router_logits=torch.zeros(5, 4), top_k=1, pooled="yes"), TypeError,
+     "pooled must be a bool, got str"),
+    (router_z_loss, dict(router_logits=torch.zeros(5)), ValueError,
+     "router_logits must have shape (N, E) or (B, T, E) and hold a token, got (5,)"),
     (expert_capacity, dict(num_tokens=10, num_experts=4, top_k=1, capacity_factor=0), ValueError, f"{_CAPACITY} 0"),
     (moe_param_counts, dict(d_model=16, d_ff=32, num_experts=2, top_k=3), ValueError, f"{_K}3, num_experts=2"),
-    (
-        moe_param_counts,
-        dict(d_model=16, d_ff=32, num_experts=2, top_k=1, n_head=5),
-        ValueError,
-        "d_model (16) must be divisible by n_head (5), and n_head by n_kv_head (5)",
-    ),
+    (moe_param_counts, dict(d_model=16, d_ff=32, num_experts=2, top_k=1, n_head=5), ValueError,
+     "d_model (16) must be divisible by n_head (5), and n_head by n_kv_head (5)"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("fn, args, error, message", OTHER_REFUSALS, ids=lambda v: getattr(v, "__name__", None))

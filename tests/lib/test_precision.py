@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from refusals import assert_refuses, rows
+from refusals import refusal_test
 
 from lib.course.precision import below, mean_spread, significant
 
@@ -45,9 +45,7 @@ BELOW_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(BELOW_REFUSALS))
-def test_below_refusals(argument, bad, error, message):
-    assert_refuses(below, dict(value=1e-6, bound=1e-5), argument, bad, error, message)
+test_below_refusals = refusal_test(below, dict(value=1e-6, bound=1e-5), BELOW_REFUSALS)
 
 
 def test_below_takes_a_smaller_margin():

@@ -3,7 +3,7 @@ even causal spread, shaped per layer and head, and refuses weights it cannot sco
 
 import pytest
 import torch
-from refusals import assert_refuses, rows
+from refusals import built, not_float, refusal_test
 
 from lib.masks import causal_mask
 from lib.probes import induction_score, key_share, previous_token_score, repeated_random_tokens
@@ -78,43 +78,34 @@ def test_bad_weights_get_clear_errors():
         repeated_random_tokens(6, 10, low=5)
 
 
+# fmt: off
 KEY_SHARE_REFUSALS = [
-    (
-        "weights",
-        torch.rand(1, 2, 3, 5, generator=torch.Generator().manual_seed(0)),
-        ValueError,
-        "weights must be self-attention over the same positions (T == S), got T=3, S=5",
-    ),
+    ("weights", torch.rand(1, 2, 3, 5, generator=torch.Generator().manual_seed(0)), ValueError,
+     "weights must be self-attention over the same positions (T == S), got T=3, S=5"),
     ("key", 3, ValueError, "after_only needs a later query: key < T - 1 = 3, got 3"),
     ("key", 4, ValueError, "key must be an int position in [-T, T) = [-4, 4), got 4"),
     ("key", True, ValueError, "key must be an int position in [-T, T) = [-4, 4), got True"),
     ("weights", [], ValueError, "weights must hold at least one layer's (B, H, T, S) tensor"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(KEY_SHARE_REFUSALS))
-def test_key_share_refusals(argument, bad, error, message):
-    assert_refuses(key_share, dict(weights=uniform_causal(4), key=0), argument, bad, error, message)
+test_key_share_refusals = refusal_test(
+    key_share, built(lambda: dict(weights=uniform_causal(4), key=0)), KEY_SHARE_REFUSALS
+)
 
 
+# fmt: off
 PREVIOUS_TOKEN_SCORE_REFUSALS = [
-    (
-        "weights",
-        [uniform_causal(4), uniform_causal(5)],
-        ValueError,
-        "every layer's weights must share one shape (B, H, T, S), got [(1, 1, 4, 4), (1, 1, 5, 5)]",
-    ),
-    (
-        "weights",
-        torch.ones(1, 1, 3, 3, dtype=torch.long),
-        TypeError,
-        "weights must have a floating dtype (float16, bfloat16, float32 or float64), got torch.int64",
-    ),
+    ("weights", [uniform_causal(4), uniform_causal(5)], ValueError,
+     "every layer's weights must share one shape (B, H, T, S), got [(1, 1, 4, 4), (1, 1, 5, 5)]"),
+    ("weights", torch.ones(1, 1, 3, 3, dtype=torch.long), TypeError, not_float("weights")),
     ("weights", uniform_causal(1), ValueError, "weights need T >= 2 positions for a previous token"),
     ("weights", torch.ones(3, 3), ValueError, "weights must be (B, H, T, S) per layer, got (3, 3)"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("argument, bad, error, message", rows(PREVIOUS_TOKEN_SCORE_REFUSALS))
-def test_previous_token_score_refusals(argument, bad, error, message):
-    assert_refuses(previous_token_score, dict(weights=uniform_causal(4)), argument, bad, error, message)
+test_previous_token_score_refusals = refusal_test(
+    previous_token_score, built(lambda: dict(weights=uniform_causal(4))), PREVIOUS_TOKEN_SCORE_REFUSALS
+)

@@ -134,16 +134,14 @@ def test_associative_recall_answers_each_query_with_its_stored_value():
     assert "| k" in task.describe(idx[0])
 
 
+# fmt: off
 ASSOCIATIVE_RECALL_REFUSALS = [
-    (
-        "n_pairs, n_queries",
-        (2, 3),
-        ValueError,
-        "n_queries must be <= n_pairs (each query asks a different stored key), got n_queries=3, n_pairs=2",
-    ),
+    ("n_pairs, n_queries", (2, 3), ValueError,
+     "n_queries must be <= n_pairs (each query asks a different stored key), got n_queries=3, n_pairs=2"),
     ("n_pairs, n_keys", (9, 8), ValueError, "n_pairs must be <= n_keys (keys are distinct), got n_pairs=9, n_keys=8"),
     ("n_values", 0, ValueError, "n_values must be >= 1, got 0"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("argument, bad, error, message", rows(ASSOCIATIVE_RECALL_REFUSALS))
