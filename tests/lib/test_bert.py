@@ -255,8 +255,6 @@ FORWARD_REFUSALS = [
     ("return_attentions", 1, TypeError, "return_attentions must be a bool, got int"),
 ]
 # fmt: on
-
-
 test_forward_refusals = refusal_test(built(lambda: Bert(BertConfig.tiny())), dict(input_ids=_IDS), FORWARD_REFUSALS)
 
 

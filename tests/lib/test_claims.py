@@ -88,8 +88,6 @@ CLAIM_REFUSALS = [
     ("evidence", "x" * 601, ValueError, "claim evidence is 601 characters; keep it under 600 (one line of the ledger)"),
     ("source", "x" * 201, ValueError, "claim source is 201 characters; keep it under 200 (one line of the ledger)"),
 ]
-
-
 test_claim_refusals = refusal_test(claim, GOOD_CLAIM, CLAIM_REFUSALS)
 
 
@@ -145,8 +143,6 @@ REPRODUCED_IF_REFUSALS = [
      "decided_at goes with otherwise='not reproduced at this scale' only, got otherwise='contradicted'"),
 ]
 # fmt: on
-
-
 test_reproduced_if_refusals = refusal_test(reproduced_if, dict(holds=False), REPRODUCED_IF_REFUSALS)
 
 
@@ -159,8 +155,6 @@ PARTLY_REPRODUCED_IF_REFUSALS = [
     ("every", torch.tensor([True, False]), TypeError, _several("partly_reproduced_if", "Tensor")),
 ]
 # fmt: on
-
-
 test_partly_reproduced_if_refusals = refusal_test(
     partly_reproduced_if, dict(every=False, some=True), PARTLY_REPRODUCED_IF_REFUSALS
 )
@@ -171,8 +165,6 @@ ARITHMETIC_IF_REFUSALS = [
     ("holds", "yes", TypeError, _condition("arithmetic_if", "yes")),
     ("holds", np.array([True, False]), TypeError, _several("arithmetic_if", "ndarray")),
 ]
-
-
 test_arithmetic_if_refusals = refusal_test(arithmetic_if, dict(holds=True), ARITHMETIC_IF_REFUSALS)
 
 
@@ -224,8 +216,6 @@ FROM_DICT_REFUSALS = [
     ("data", dict(_RECORD, verdict="ok"), ValueError, f"claim verdict must be one of {VERDICTS}, got 'ok'"),
 ]
 # fmt: on
-
-
 test_claim_from_dict_refusals = refusal_test(Claim.from_dict, dict(data=_RECORD), FROM_DICT_REFUSALS)
 
 
@@ -271,8 +261,6 @@ CHECK_REQUIRED_REFUSALS = [
      f"claims ledger: required claims missing []; claims registered more than once ['a'] {_LEDGER_HINT}"),
 ]
 # fmt: on
-
-
 test_check_required_refusals = refusal_test(
     check_required, dict(ids=["a", "b"], required=("a",)), CHECK_REQUIRED_REFUSALS
 )

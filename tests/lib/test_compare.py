@@ -61,8 +61,6 @@ BUILD_MODEL_REFUSALS = [
     ("vocab_size", 0, ValueError, "vocab_size must be >= 1, got 0"),
     ("seed", 1.5, TypeError, "seed must be an int, got float"),
 ]
-
-
 test_build_model_refusals = refusal_test(
     compare.build_model, dict(setting=TINY, name="Mamba", vocab_size=12, seed=5), BUILD_MODEL_REFUSALS
 )
@@ -108,8 +106,6 @@ FORWARD_FLOPS_REFUSALS = [
     ("batch", 0, ValueError, "batch must be >= 1, got 0"),
 ]
 # fmt: on
-
-
 test_forward_flops_refusals = refusal_test(
     forward_flops, built(lambda: dict(model=compare.build_model(TINY, "GPT", 12), T=4, batch=1)), FORWARD_FLOPS_REFUSALS
 )
@@ -129,8 +125,6 @@ SCALING_EXPONENT_REFUSALS = [
     ("xs, ys", ([4, 4], [1, 2]), ValueError, f"{_LAST_TWO} [4, 4], [1, 2]"),
     ("ys", [1, 0, 2], ValueError, f"{_LAST_TWO} [100, 1000], [0, 2]"),
 ]
-
-
 test_scaling_exponent_refusals = refusal_test(
     scaling_exponent, dict(xs=[10, 100, 1000], ys=[1, 2, 4]), SCALING_EXPONENT_REFUSALS
 )
@@ -161,8 +155,6 @@ MIXED_TASK_REFUSALS = [
     ("tasks", [3], ValueError, _TASKS),
 ]
 # fmt: on
-
-
 test_mixed_task_refusals = refusal_test(
     MixedTask,
     built(lambda: dict(tasks=[AssociativeRecall(2, 2, 4, 4), AssociativeRecall(3, 3, 4, 4)])),
@@ -205,8 +197,6 @@ RECIPE_REFUSALS = [
     ("steps", 0, ValueError, "steps must be >= 1, got 0"),
     ("batch_size", 1.0, TypeError, "batch_size must be an int, got float"),
 ]
-
-
 test_recipe_refusals = refusal_test(Recipe, dict(steps=1, batch_size=1, lr=1e-3), RECIPE_REFUSALS)
 
 
@@ -220,8 +210,6 @@ SETTING_REFUSALS = [
     ("d_state", 0, ValueError, "d_state must be >= 1, got 0"),
     ("dtype", "float16", ValueError, "dtype must be 'float32' or 'float64', got 'float16'"),
 ]
-
-
 test_setting_refusals = refusal_test(
     Setting, built(lambda: {f.name: getattr(TINY, f.name) for f in dataclasses.fields(Setting)}), SETTING_REFUSALS
 )
@@ -234,8 +222,6 @@ BUILD_MODELS_REFUSALS = [
     ("vocab_size", 0, ValueError, "vocab_size must be >= 1, got 0"),
     ("seed", "0", TypeError, "seed must be an int, got str"),
 ]
-
-
 test_build_models_refusals = refusal_test(build_models, dict(setting="default", vocab_size=10), BUILD_MODELS_REFUSALS)
 
 
@@ -267,8 +253,6 @@ JUDGE_STATE_SWEEP_REFUSALS = [
     ("attention", "RWKV", ValueError, "attention must name a model of acc (['GPT', 'Mamba']), got 'RWKV'"),
     ("min_runs", 0, ValueError, "min_runs must be >= 1, got 0"),
 ]
-
-
 test_judge_state_sweep_refusals = refusal_test(
     compare.judge_state_sweep,
     dict(acc={"GPT": {"4": [1.0, 1.0]}, "Mamba": {"4": [1.0, 0.5]}}, easiest=4, judged=(4,)),

@@ -142,8 +142,6 @@ DECODE_STATE_BYTES_REFUSALS = [
      "dtype must be a torch.dtype or one of ['fp32', 'fp16', 'bf16', 'fp8', 'int4'], got 'fp64'"),
 ]
 # fmt: on
-
-
 test_decode_state_bytes_refusals = refusal_test(
     decode_state_bytes,
     built(lambda: dict(model=tiny_hybrid("MA"), batch=1, seq_len=4, dtype=None)),

@@ -157,8 +157,6 @@ FROM_HUGGINGFACE_REFUSALS = [
      "this BART config does not fit EncDecConfig: encoder_attention_heads=4 vs decoder_attention_heads=2"),
 ]
 # fmt: on
-
-
 test_t5_and_other_bart_variants_are_refused_clearly = refusal_test(
     EncDecConfig.from_huggingface, built(lambda: dict(hf_config=BartConfig())), FROM_HUGGINGFACE_REFUSALS
 )
@@ -169,8 +167,6 @@ CONFIG_REFUSALS = [
     ("pad_token_id", 64, ValueError, "pad_token_id must lie in [0, vocab_size=64), got 64"),
     ("n_heads", 0, ValueError, "n_heads must be >= 1, got 0"),
 ]
-
-
 test_config_refusals = refusal_test(EncDecConfig, dict(d_model=32, n_heads=4), CONFIG_REFUSALS)
 
 
@@ -188,8 +184,6 @@ FORWARD_REFUSALS = [
      "attention_mask must have input_ids' shape (B, S) = (2, 3), got (2, 4)"),
 ]
 # fmt: on
-
-
 test_forward_refusals = refusal_test(
     built(_model),
     built(lambda: dict(input_ids=_IDS, decoder_input_ids=torch.zeros(2, 2, dtype=torch.long), attention_mask=None)),
@@ -216,8 +210,6 @@ CROSS_KV_REFUSALS = [
     ("memory", torch.zeros(1, 3, 32, dtype=torch.long), TypeError, not_float("memory")),
 ]
 # fmt: on
-
-
 test_cross_kv_refusals = refusal_test(
     built(lambda: _model().cross_kv), built(lambda: dict(memory=torch.zeros(1, 3, 32))), CROSS_KV_REFUSALS
 )
@@ -228,8 +220,6 @@ GREEDY_DECODE_REFUSALS = [
     ("max_new_tokens", 40, ValueError, "max_new_tokens + 1 = 41 target positions exceed max_position_embeddings=32"),
     ("model", "bart", TypeError, "model must be an EncoderDecoder, got str"),
 ]
-
-
 test_greedy_decode_refusals = refusal_test(
     greedy_decode,
     built(lambda: dict(model=_model(), input_ids=torch.zeros(1, 3, dtype=torch.long), max_new_tokens=5)),

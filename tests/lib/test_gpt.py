@@ -399,8 +399,6 @@ GPT_CONFIG_REFUSALS = [
     ("n_head", 2.0, TypeError, "n_head must be an int, got float"),
 ]
 # fmt: on
-
-
 test_gpt_config_refusals = refusal_test(GPTConfig, {}, GPT_CONFIG_REFUSALS)
 
 

@@ -113,8 +113,6 @@ HYBRID_REFUSALS = [
     ("config", {"n_layer": 3}, TypeError, "config must be a lib.gpt.GPTConfig, got dict"),
 ]
 # fmt: on
-
-
 test_hybrid_refusals = refusal_test(HybridGPT, dict(config=_CONFIG, pattern="MAM", mamba=None), HYBRID_REFUSALS)
 
 

@@ -320,8 +320,6 @@ KV_CACHE_BYTES_REFUSALS = [
     *[(name, bad, error, f"{name} {tail}") for name in GOOD_SIZES for bad, error, tail in _BAD_SIZES],
     *bpe_rows("bytes_per_elem"),
 ]
-
-
 test_kv_cache_bytes_refusals = refusal_test(kv_cache_bytes, dict(GOOD_SIZES, bytes_per_elem=2), KV_CACHE_BYTES_REFUSALS)
 
 
@@ -330,8 +328,6 @@ WEIGHT_BYTES_REFUSALS = [
     ("n_params", 7e9, TypeError, "n_params must be an int, got float"),
     *bpe_rows("bytes_per_elem"),
 ]
-
-
 test_weight_bytes_refusals = refusal_test(weight_bytes, dict(n_params=10, bytes_per_elem=2), WEIGHT_BYTES_REFUSALS)
 
 
@@ -343,8 +339,6 @@ MAX_BATCH_REFUSALS = [
     ("bytes_per_elem", 0, ValueError, "bytes_per_elem must be a finite number > 0, got 0"),
     *bpe_rows("weight_bytes_per_elem"),
 ]
-
-
 test_max_batch_refusals = refusal_test(
     max_batch,
     dict(model=PUBLIC_CONFIGS["GPT-2"], seq_len=1, memory_bytes=GB, weight_bytes_per_elem=None),
@@ -358,8 +352,6 @@ MAX_CONTEXT_REFUSALS = [
     ("batch", 0, ValueError, "batch must be >= 1, got 0"),
     ("weight_bytes_per_elem", 0, ValueError, "weight_bytes_per_elem must be a finite number > 0, got 0"),
 ]
-
-
 test_max_context_refusals = refusal_test(
     max_context,
     dict(model=PUBLIC_CONFIGS["GPT-2"], batch=1, memory_bytes=GB, weight_bytes_per_elem=None),
@@ -381,8 +373,6 @@ BYTES_PER_ELEMENT_REFUSALS = [
     ("dtype_name", "fp64", ValueError, f"dtype_name must be one of {_NAMES}, got 'fp64'"),
     ("dtype_name", 2, TypeError, f"dtype_name must be a str, one of {_NAMES}, got int"),
 ]
-
-
 test_bytes_per_element_refusals = refusal_test(bytes_per_element, dict(dtype_name="fp16"), BYTES_PER_ELEMENT_REFUSALS)
 
 
@@ -390,8 +380,6 @@ DTYPE_BYTES_REFUSALS = [
     ("dtype", 2, TypeError, "dtype must be a torch.dtype or a name like 'fp16', got int"),
     ("dtype", "fp12", ValueError, f"dtype must be a torch.dtype or one of {_NAMES}, got 'fp12'"),
 ]
-
-
 test_dtype_bytes_refusals = refusal_test(dtype_bytes, dict(dtype=torch.float16), DTYPE_BYTES_REFUSALS)
 
 
@@ -400,8 +388,6 @@ GPU_MEMORY_BYTES_REFUSALS = [
     ("gpu", "8 GB", ValueError, f"gpu must be one of {_GPUS}, got '8 GB'"),
     ("gpu", 80, TypeError, f"gpu must be a str, one of {_GPUS}, got int"),
 ]
-
-
 test_gpu_memory_bytes_refusals = refusal_test(
     gpu_memory_bytes, dict(gpu="80 GB (A100/H100)"), GPU_MEMORY_BYTES_REFUSALS
 )
@@ -411,8 +397,6 @@ FORMAT_BYTES_REFUSALS = [
     ("n_bytes", -1, ValueError, "n_bytes must be >= 0, got -1"),
     ("binary", 1, TypeError, "binary must be a bool, got int"),
 ]
-
-
 test_format_bytes_refusals = refusal_test(format_bytes, dict(n_bytes=512, binary=True), FORMAT_BYTES_REFUSALS)
 
 
@@ -423,8 +407,6 @@ ESTIMATE_PARAMS_REFUSALS = [
     ("head_dim", 0, ValueError, "head_dim must be >= 1, got 0"),
     ("mlp_ratio", 4.0, TypeError, "mlp_ratio must be an int, got float"),
 ]
-
-
 test_estimate_params_refusals = refusal_test(
     estimate_params, dict(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_ratio=4), ESTIMATE_PARAMS_REFUSALS
 )
@@ -442,8 +424,6 @@ MODEL_SHAPE_REFUSALS = [  # against Llama-2-7B's numbers: 32 heads of 128
     ("name", 1, TypeError, "name must be a str, got int"),
 ]
 # fmt: on
-
-
 test_model_shape_refusals = refusal_test(
     ModelShape, built(lambda: asdict(PUBLIC_CONFIGS["Llama-2-7B"])), MODEL_SHAPE_REFUSALS
 )
@@ -456,8 +436,6 @@ KV_CACHE_INIT_REFUSALS = [
     ("max_len", -1, ValueError, "max_len must be >= 1, got -1"),
     ("head_dim", "8", TypeError, "head_dim must be an int, got str"),
 ]
-
-
 test_kv_cache_init_refusals = refusal_test(
     KVCache, dict(batch_size=2, n_kv_heads=3, max_len=8, head_dim=4), KV_CACHE_INIT_REFUSALS
 )

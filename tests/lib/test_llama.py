@@ -359,8 +359,6 @@ LLAMA_CONFIG_REFUSALS = [
     ("n_kv_head", 0, ValueError, "n_kv_head must be >= 1, got 0"),
 ]
 # fmt: on
-
-
 test_llama_config_refusals = refusal_test(LlamaConfig, built(lambda: vars(LlamaConfig.tiny())), LLAMA_CONFIG_REFUSALS)
 
 

@@ -333,8 +333,6 @@ LORA_LINEAR_REFUSALS = [
      "alpha must be a finite number > 0 (the update is scaled by alpha / r), got nan"),
 ]
 # fmt: on
-
-
 test_lora_linear_refusals = refusal_test(
     LoRALinear, built(lambda: dict(base=lin(), r=8, alpha=16.0)), LORA_LINEAR_REFUSALS
 )
@@ -350,8 +348,6 @@ LORA_FORWARD_REFUSALS = [
     ("x", [[1.0] * 8], TypeError, "x must be a torch.Tensor, got list"),
 ]
 # fmt: on
-
-
 test_lora_forward_refusals = refusal_test(
     built(lambda: LoRALinear(lin())), built(lambda: dict(x=torch.ones(3, 8))), LORA_FORWARD_REFUSALS
 )
@@ -364,8 +360,6 @@ MERGE_LORA_REFUSALS = [
     ("model", "model", TypeError, "model must be a torch.nn.Module, got str"),
 ]
 # fmt: on
-
-
 test_merge_lora_refusals = refusal_test(merge_lora, built(lambda: dict(model=_with_lora())), MERGE_LORA_REFUSALS)
 
 

@@ -358,8 +358,6 @@ CONFIG_REFUSALS = [
     ("dt_min, dt_max", (0.2, 0.1), ValueError, "need 0 < dt_min <= dt_max, got dt_min=0.2, dt_max=0.1"),
 ]
 # fmt: on
-
-
 test_config_refusals = refusal_test(MambaConfig, dict(vocab_size=64, d_model=32, n_layers=2), CONFIG_REFUSALS)
 
 

@@ -301,8 +301,6 @@ LAYER_REFUSALS = [
     ("gating", "sigmoid", ValueError, f"gating must be one of {_GATINGS}, got 'sigmoid'"),
     ("activation", "relu", ValueError, "activation must be one of ('gelu', 'silu', 'swiglu'), got 'relu'"),
 ]
-
-
 test_layer_refusals = refusal_test(MoE, dict(d_model=16, d_ff=32, num_experts=6, top_k=2), LAYER_REFUSALS)
 
 

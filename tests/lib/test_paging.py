@@ -38,8 +38,6 @@ BLOCK_ALLOCATOR_REFUSALS = [
     ("num_blocks", 2.0, TypeError, "num_blocks must be an int, got float"),
     ("num_blocks", 0, ValueError, "num_blocks must be >= 1, got 0"),
 ]
-
-
 test_block_allocator_refusals = refusal_test(BlockAllocator, dict(num_blocks=3), BLOCK_ALLOCATOR_REFUSALS)
 
 
@@ -145,8 +143,6 @@ PAGED_KV_CACHE_REFUSALS = [
     ("dtype", torch.long, TypeError, "dtype must be a floating torch.dtype, got torch.int64"),
     ("dtype", "fp16", TypeError, "dtype must be a floating torch.dtype, got fp16"),
 ]
-
-
 test_paged_kv_cache_refusals = refusal_test(
     PagedKVCache,
     dict(num_blocks=4, block_size=B_SIZE, n_kv_heads=H_KV, head_dim=D, dtype=torch.float32),
@@ -397,8 +393,6 @@ PAGED_ATTENTION_REF_REFUSALS = [  # q (2, 4, 1, 8); ks, vs: two (2, 3, 8) each
     ("q", _Q.long(), TypeError, not_float("q")),
 ]
 # fmt: on
-
-
 test_paged_attention_ref_refusals = refusal_test(
     paged_attention_ref, dict(q=_Q, ks=[_KV3] * 2, vs=[_KV3] * 2), PAGED_ATTENTION_REF_REFUSALS
 )

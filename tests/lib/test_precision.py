@@ -43,8 +43,6 @@ BELOW_REFUSALS = [
     ("margin", 0.5, ValueError, "below(): bound must be > 0 and margin >= 1, got bound=1e-05, margin=0.5"),
     ("margin", True, TypeError, "below(): margin must be a real number, got True"),
 ]
-
-
 test_below_refusals = refusal_test(below, dict(value=1e-6, bound=1e-5), BELOW_REFUSALS)
 
 

@@ -88,8 +88,6 @@ KEY_SHARE_REFUSALS = [
     ("weights", [], ValueError, "weights must hold at least one layer's (B, H, T, S) tensor"),
 ]
 # fmt: on
-
-
 test_key_share_refusals = refusal_test(
     key_share, built(lambda: dict(weights=uniform_causal(4), key=0)), KEY_SHARE_REFUSALS
 )
@@ -104,8 +102,6 @@ PREVIOUS_TOKEN_SCORE_REFUSALS = [
     ("weights", torch.ones(3, 3), ValueError, "weights must be (B, H, T, S) per layer, got (3, 3)"),
 ]
 # fmt: on
-
-
 test_previous_token_score_refusals = refusal_test(
     previous_token_score, built(lambda: dict(weights=uniform_causal(4))), PREVIOUS_TOKEN_SCORE_REFUSALS
 )

@@ -158,8 +158,6 @@ APPLY_ROPE_REFUSALS = [
      "layout must be one of ('half', 'interleaved') (which channels form a pair), got 'pairs'"),
 ]
 # fmt: on
-
-
 test_apply_rope_refusals = refusal_test(apply_rope, dict(x=x0, cos=cos0, sin=sin0, layout="half"), APPLY_ROPE_REFUSALS)
 
 
@@ -175,8 +173,6 @@ ROPE_COS_SIN_REFUSALS = [
      "layout must be one of ('half', 'interleaved') (which channels form a pair), got 'complex'"),
 ]
 # fmt: on
-
-
 test_rope_cos_sin_refusals = refusal_test(rope_cos_sin, dict(T=6, D=8), ROPE_COS_SIN_REFUSALS)
 
 
@@ -192,8 +188,6 @@ APPLY_ROPE_REF_REFUSALS = [
     ("base", 0.5, ValueError, "base must be a finite number > 1 (10000.0 in the paper and Llama), got 0.5"),
 ]
 # fmt: on
-
-
 test_apply_rope_ref_refusals = refusal_test(
     apply_rope_ref, built(lambda: dict(x=x0, positions=torch.arange(6))), APPLY_ROPE_REF_REFUSALS
 )

@@ -335,8 +335,6 @@ SAMPLE_REFUSALS = [
     ("logits", [[0.0, 1.0]], TypeError, "logits must be a torch.Tensor, got list"),
 ]
 # fmt: on
-
-
 test_sample_next_token_refusals = refusal_test(sample_next_token, {"logits": X}, SAMPLE_REFUSALS)
 
 

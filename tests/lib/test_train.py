@@ -99,8 +99,6 @@ TRAIN_REFUSALS = [
     ("model", built(_frozen_model), ValueError, "model has no parameter with requires_grad=True: nothing to train"),
     ("steps", 2.0, TypeError, "steps must be an int, got float"),
 ]
-
-
 test_train_refusals = refusal_test(
     train,
     built(
@@ -142,8 +140,6 @@ CLM_LOSS_REFUSALS = [
     ("logits", torch.zeros(2, 5, 64, dtype=torch.long), TypeError, not_float("logits")),
 ]
 # fmt: on
-
-
 test_clm_loss_refusals = refusal_test(
     clm_loss,
     built(lambda: dict(logits=torch.zeros(2, 5, 64), idx=torch.zeros(2, 5, dtype=torch.long))),
