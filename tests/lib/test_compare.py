@@ -211,7 +211,9 @@ SETTING_REFUSALS = [
     ("dtype", "float16", ValueError, "dtype must be 'float32' or 'float64', got 'float16'"),
 ]
 test_setting_refusals = refusal_test(
-    Setting, built(lambda: {f.name: getattr(TINY, f.name) for f in dataclasses.fields(Setting)}), SETTING_REFUSALS
+    Setting,
+    built(lambda: {f.name: getattr(TINY, f.name) for f in dataclasses.fields(Setting)}),  # TINY, field by field
+    SETTING_REFUSALS,
 )
 
 
